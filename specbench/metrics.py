@@ -1,0 +1,92 @@
+"""The one place each metric is defined.
+
+A *round* is one target forward after the prefill: a plain decode step for the baseline, a
+verify step for speculation. The prefill emits the first token; every later token comes from a
+round, so tokens_per_round = (new_tokens - requests) / rounds, which is exactly 1 for the
+baseline and (1 - a^(k+1)) / (1 - a) in expectation for i.i.d. per-position acceptance a.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Optional
+
+
+@dataclass
+class SpecStats:
+    """Acceptance counters, in the spirit of vLLM's SpecDecodingStats."""
+
+    k: int
+    rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    reached: list = field(default_factory=list)  # [k] rounds that drafted position i with 0..i-1 accepted
+    accepted_at: list = field(default_factory=list)  # [k] rounds that accepted position i
+
+    def __post_init__(self):
+        self.reached = self.reached or [0] * self.k
+        self.accepted_at = self.accepted_at or [0] * self.k
+
+    def observe(self, num_drafted: int, num_accepted: int) -> None:
+        assert 0 <= num_accepted <= num_drafted <= self.k, (num_drafted, num_accepted, self.k)
+        self.rounds += 1
+        self.drafted += num_drafted
+        self.accepted += num_accepted
+        for i in range(min(num_accepted + 1, num_drafted)):
+            self.reached[i] += 1
+        for i in range(num_accepted):
+            self.accepted_at[i] += 1
+
+    @property
+    def acceptance_rate(self) -> Optional[float]:
+        return self.accepted / self.drafted if self.drafted else None
+
+    @property
+    def accept_pos(self) -> list:
+        """Conditional acceptance per draft position: P(accept i | drafted i, accepted 0..i-1)."""
+        return [a / r if r else None for a, r in zip(self.accepted_at, self.reached)]
+
+
+@dataclass
+class RequestRecord:
+    prompt_id: str
+    prompt_tokens: int
+    tokens: list  # generated token ids, EOS included when it was emitted
+    ttft_s: float  # prompt in -> first token out
+    decode_s: float  # first token out -> last token out
+    drafted: list = field(default_factory=list)  # per round
+    accepted: list = field(default_factory=list)  # per round
+
+    @property
+    def rounds(self) -> int:
+        return len(self.drafted)
+
+    @property
+    def tpot_s(self) -> Optional[float]:
+        return self.decode_s / (len(self.tokens) - 1) if len(self.tokens) > 1 else None
+
+
+def _median_ms(values) -> Optional[float]:
+    values = [v for v in values if v is not None]
+    return 1e3 * statistics.median(values) if values else None
+
+
+def summarize(records: list, stats: SpecStats, wall_s: float) -> dict:
+    """Per-run metrics for the results row (speculative columns are None for the baseline)."""
+    new_tokens = sum(len(r.tokens) for r in records)
+    rounds = sum(r.rounds for r in records)
+    speculative = stats.k > 0
+    return {
+        "new_tokens": new_tokens,
+        "rounds": rounds,
+        "drafted_tokens": stats.drafted if speculative else None,
+        "accepted_tokens": stats.accepted if speculative else None,
+        "acceptance_rate": stats.acceptance_rate,
+        "tokens_per_round": (new_tokens - len(records)) / rounds if rounds else None,
+        "accept_pos": stats.accept_pos if speculative else None,
+        "tpot_ms": _median_ms(r.tpot_s for r in records),
+        "ttft_ms": _median_ms(r.ttft_s for r in records),
+        "throughput_tok_s": new_tokens / sum(r.ttft_s + r.decode_s for r in records),
+        "wall_s": wall_s,
+    }

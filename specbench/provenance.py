@@ -1,0 +1,44 @@
+"""Where a number came from: device, library versions, git commit."""
+
+from __future__ import annotations
+
+import platform
+import subprocess
+from pathlib import Path
+
+import torch
+
+_REPO = Path(__file__).resolve().parent.parent
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        model = platform.processor() or platform.machine()
+    return f"cpu: {model} x{torch.get_num_threads()} threads"
+
+
+def git_sha() -> str | None:
+    """HEAD of the specbench checkout, with "-dirty" when tracked files have uncommitted changes."""
+
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=_REPO, capture_output=True, text=True, timeout=10)
+
+    try:
+        head = git("rev-parse", "HEAD")
+        if head.returncode != 0:
+            return None
+        dirty = git("status", "--porcelain", "--untracked-files=no").stdout.strip()
+        return head.stdout.strip() + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def versions() -> dict:
+    import transformers
+
+    return {"torch_version": torch.__version__, "transformers_version": transformers.__version__}

@@ -1,0 +1,64 @@
+"""Results rows: one per run, written atomically into the run's own directory.
+
+    <results_dir>/runs/<run_id>/row.json        the results row (COLUMNS, and a few more)
+    <results_dir>/runs/<run_id>/config.yaml     the resolved config
+    <results_dir>/runs/<run_id>/requests.jsonl  per request: tokens, rounds, accepted per round, timings
+    <results_dir>/baselines/<key>.json          baseline outputs and timings, shared by runs
+
+Each file is written to a temporary name and renamed, so a crash never leaves half a row.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+COLUMNS = (
+    "run_id", "task", "target", "drafter", "rule", "k", "temperature", "top_k", "top_p",
+    "batch_size", "dataset", "num_prompts", "new_tokens", "rounds", "drafted_tokens",
+    "accepted_tokens", "acceptance_rate", "tokens_per_round", "accept_pos", "tpot_ms", "ttft_ms",
+    "throughput_tok_s", "wall_s", "greedy_mismatches", "speedup", "device", "torch_version",
+    "transformers_version", "git_sha", "config_hash", "status", "error",
+)
+
+
+def atomic_write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def config_hash(config: dict) -> str:
+    """Hash of what defines a run: the resolved config less where its results go."""
+    semantic = {key: value for key, value in config.items() if key != "results_dir"}
+    return hashlib.sha256(json.dumps(semantic, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def new_run_id(chash: str) -> str:
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{chash[:8]}-{os.urandom(2).hex()}"
+
+
+def write_run(results_dir: str | Path, row: dict, config_yaml: str, records: list) -> Path:
+    run_dir = Path(results_dir) / "runs" / row["run_id"]
+    lines = (json.dumps(dataclasses.asdict(r)) + "\n" for r in records)
+    atomic_write(run_dir / "requests.jsonl", "".join(lines))
+    atomic_write(run_dir / "config.yaml", config_yaml)
+    atomic_write(run_dir / "row.json", json.dumps(row, indent=1) + "\n")  # last: marks the run complete
+    return run_dir
+
+
+def read_json(path: Path) -> Any:
+    with open(path) as f:
+        return json.load(f)

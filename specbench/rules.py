@@ -1,0 +1,122 @@
+"""Acceptance rules: pure, batched functions over tensors with an explicit torch.Generator.
+
+Letters: B requests, k draft tokens, V vocabulary. Vocabulary as in Leviathan et al. (arXiv
+2211.17192): a draft token is *accepted*; at the first rejection a *recovered* token is drawn
+from the residual distribution; when all k are accepted a *bonus* token is drawn from p at
+position k+1. A round therefore emits between 1 and k+1 tokens.
+
+Let p be the target's distribution at a position (temperature / top-k / top-p already applied),
+q the draft's, x the draft token.
+
+standard     accept x with min(1, p(x)/q(x)); on rejection draw from max(0, p - q) / Z.
+             P(emit y) = min(p(y), q(y)) + max(0, p(y) - q(y)) = p(y): lossless, and the
+             acceptance rate is sum_y min(p, q) = 1 - TV(p, q).
+onehot       vLLM's default draft_sample_method="greedy": q is the point mass on x, so accept
+             with p(x) and on rejection draw from p with x zeroed. The same proof with q = delta_x.
+target_only  SGLang's TreeSpeculativeSamplingTargetOnly: one coin u per level, candidates tried in
+             order, candidate j accepted when u < sum_{i<=j} p(c_i). On a chain (one candidate per
+             level) this is "accept with p(x), else p with x zeroed": onehot in distribution.
+thresholded  target_only with SGLang's relaxations: accept when u < sum p(c_i) / threshold_acc or
+             p(c_j) >= threshold_single. Both 1.0 is target_only; below 1 it is lossy.
+greedy       temperature 0: accept iff x == argmax p; emit the argmax at the first mismatch.
+
+Drafts may be shorter than k for some requests (an n-gram drafter finds fewer tokens): mark the
+missing positions with -1. A request whose drafts are all accepted up to such a position gets its
+bonus token from p at that position.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from specbench.sampling import sample
+
+RULES = ("standard", "onehot", "target_only", "thresholded", "greedy")
+NEEDS_DRAFT_PROBS = ("standard",)
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    tokens: torch.Tensor  # [B, k+1] emitted tokens, -1 after the last one
+    num_accepted: torch.Tensor  # [B] accepted draft tokens, 0..k
+
+
+def verify_chain(
+    rule: str,
+    target_probs: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    draft_probs: Optional[torch.Tensor] = None,
+    *,
+    generator: Optional[torch.Generator] = None,
+    threshold_single: float = 1.0,
+    threshold_acc: float = 1.0,
+) -> VerifyResult:
+    """Verify a chain of k drafts per request against the target in one call.
+
+    target_probs: [B, k+1, V]  p at each draft position and at the bonus position
+    draft_tokens: [B, k]       int64, -1 where a request proposed fewer than k
+    draft_probs:  [B, k, V]    q, needed by `standard` only
+    threshold_single, threshold_acc: used by `thresholded` only (SGLang's defaults, 1.0)
+    """
+    B, k1, V = target_probs.shape
+    k = k1 - 1
+    if rule not in RULES:
+        raise ValueError(f"rule={rule}: unknown rule; valid rules: {', '.join(RULES)}")
+    if tuple(draft_tokens.shape) != (B, k):
+        raise ValueError(f"draft_tokens has shape {tuple(draft_tokens.shape)}, expected {(B, k)}")
+    if rule in NEEDS_DRAFT_PROBS:
+        if draft_probs is None:
+            raise ValueError(
+                f"rule={rule} needs draft_probs [B, k, V] and got None; "
+                "a deterministic drafter's q is the point mass on its token (rule onehot)"
+            )
+        if tuple(draft_probs.shape) != (B, k, V):
+            raise ValueError(f"draft_probs has shape {tuple(draft_probs.shape)}, expected {(B, k, V)}")
+    if rule != "thresholded" and (threshold_single, threshold_acc) != (1.0, 1.0):
+        raise ValueError(f"rule={rule} takes no thresholds; use rule thresholded")
+
+    rows = torch.arange(B, device=target_probs.device)
+    valid = draft_tokens >= 0  # [B, k]
+    x = draft_tokens.clamp(min=0)  # [B, k]
+    p_x = target_probs[:, :k].gather(-1, x.unsqueeze(-1)).squeeze(-1)  # [B, k]
+
+    if rule == "greedy":
+        accepted = x == target_probs[:, :k].argmax(-1)
+    else:
+        u = torch.rand((B, k), generator=generator, device=target_probs.device)  # [B, k]
+        if rule == "standard":
+            q_x = draft_probs.gather(-1, x.unsqueeze(-1)).squeeze(-1)  # [B, k]
+            accepted = u * q_x < p_x  # u < p/q without dividing by q
+        elif rule == "onehot":
+            accepted = u < p_x
+        else:  # target_only, thresholded: one candidate per level, coin against its mass
+            accepted = (p_x > 0) & ((u < p_x / threshold_acc) | (p_x >= threshold_single))
+    accepted &= valid
+    num_accepted = accepted.long().cumprod(-1).sum(-1)  # [B] length of the accepted prefix
+
+    p_last = target_probs[rows, num_accepted]  # [B, V] p where the round ends
+    if rule == "greedy":
+        last = p_last.argmax(-1)
+    else:
+        # A rejection happened where the round ends before k on a real draft; otherwise the
+        # last token is the bonus, drawn from p itself.
+        at = num_accepted.clamp(max=k - 1)
+        rejected = (num_accepted < k) & valid[rows, at]  # [B]
+        if rule == "standard":
+            residual = (p_last - draft_probs[rows, at]).clamp(min=0)
+        else:  # the draft is a point mass (onehot) or tried-and-refused candidate: zero it
+            residual = p_last.scatter(-1, x[rows, at].unsqueeze(-1), 0.0)
+        # p == q exactly leaves no residual mass; rejection then has probability 0, but keep
+        # the draw well defined.
+        empty = residual.sum(-1, keepdim=True) <= 0
+        residual = torch.where(rejected.unsqueeze(-1) & ~empty, residual, p_last)
+        last = sample(residual, generator)
+
+    positions = torch.arange(k + 1, device=target_probs.device)  # [k+1]
+    tokens = torch.cat([draft_tokens, draft_tokens.new_full((B, 1), -1)], dim=1)
+    tokens = torch.where(positions < num_accepted.unsqueeze(-1), tokens, -1)
+    tokens[rows, num_accepted] = last
+    return VerifyResult(tokens=tokens, num_accepted=num_accepted)

@@ -1,0 +1,158 @@
+"""One run: build target, drafter and rule -> decode every prompt -> metrics -> one results row."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+import traceback
+from pathlib import Path
+from typing import Optional
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from tqdm.auto import tqdm
+
+from specbench import provenance
+from specbench.config import ConfigError, to_container, validate
+from specbench.datasets import encode_prompts, load_prompts
+from specbench.drafters.ngram import NgramDrafter
+from specbench.metrics import SpecStats, summarize
+from specbench.models import check_path, load_target
+from specbench.results import COLUMNS, atomic_write, config_hash, new_run_id, read_json, write_run
+from specbench.runner import Speculation, decode
+from specbench.sampling import SamplingParams
+
+log = logging.getLogger(__name__)
+
+DRAFTERS = {"ngram": NgramDrafter.from_config}
+WARMUP_TOKENS = 8
+
+
+def build_drafter(cfg: DictConfig):
+    if cfg.name not in DRAFTERS:
+        raise ConfigError("drafter", cfg.name, f"valid drafters: {', '.join(DRAFTERS)}")
+    return DRAFTERS[cfg.name](cfg)
+
+
+def rule_of(cfg: DictConfig) -> tuple[str, dict]:
+    """The rule name and its parameters; a drafter without a rule uses standard."""
+    if cfg.rule is None:
+        return "standard", {}
+    params = {key: cfg.rule[key] for key in ("threshold_single", "threshold_acc") if key in cfg.rule}
+    return cfg.rule.name, params
+
+
+def eos_ids(tokenizer, model) -> frozenset:
+    ids = {tokenizer.eos_token_id, *([model.generation_config.eos_token_id] if model.generation_config else [])}
+    flat = set()
+    for i in ids:
+        flat.update(i if isinstance(i, (list, tuple)) else [i])
+    return frozenset(i for i in flat if i is not None)
+
+
+def decode_all(engine, inputs, prompts, *, cfg, params, eos, spec, desc) -> tuple[list, SpecStats]:
+    stats = SpecStats(spec.k if spec else 0)
+    records = []
+    for i, (ids, prompt) in enumerate(tqdm(list(zip(inputs, prompts)), desc=desc, leave=False)):
+        g = torch.Generator(engine.device).manual_seed(cfg.seed + i)  # per request: reproducible alone
+        records.append(decode(
+            engine, ids, params=params, max_new_tokens=cfg.max_new_tokens, eos_ids=eos, generator=g,
+            spec=spec, stats=stats, prompt_id=prompt.id,
+        ))
+    return records, stats
+
+
+def baseline_path(cfg: DictConfig, device: str, dtype: torch.dtype, num_prompts: int) -> Path:
+    """Baselines are shared by every run with the same target, prompts, length, sampling and device."""
+    sampling = [cfg.temperature, cfg.top_k, cfg.top_p, cfg.seed] if cfg.temperature > 0 else [0.0]
+    key = {
+        "target": [cfg.target.path, cfg.target.sha256, str(dtype)],
+        "dataset": [cfg.dataset.source, cfg.dataset.format, num_prompts],
+        "max_new_tokens": cfg.max_new_tokens, "sampling": sampling, "device": device,
+        "batch_size": cfg.batch_size,
+    }
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return Path(cfg.results_dir) / "baselines" / f"{cfg.target.name}-{cfg.dataset.name}-{digest}.json"
+
+
+def _base_row(cfg: DictConfig, run_id: str, chash: str) -> dict:
+    speculative = cfg.drafter is not None
+    rule, rule_params = rule_of(cfg) if speculative else (None, {})
+    row = dict.fromkeys(COLUMNS)
+    row.update(
+        run_id=run_id, task="decode", target=cfg.target.name,
+        drafter=cfg.drafter.name if speculative else None, rule=rule, k=cfg.k if speculative else None,
+        temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, batch_size=cfg.batch_size,
+        dataset=cfg.dataset.name, git_sha=provenance.git_sha(), config_hash=chash,
+        max_new_tokens=cfg.max_new_tokens, seed=cfg.seed, target_path=cfg.target.path,
+        timestamp=time.strftime("%Y-%m-%dT%H:%M:%S%z"), **rule_params, **provenance.versions(),
+    )
+    return row
+
+
+def run(cfg: DictConfig, row: dict) -> tuple[dict, list]:
+    """Fill `row` with the run's results; raises ConfigError on bad input before model work."""
+    started = time.perf_counter()
+    validate(cfg)
+    check_path(cfg.target)
+    prompts = load_prompts(cfg.dataset)
+    drafter = build_drafter(cfg.drafter) if cfg.drafter is not None else None
+    rule, rule_params = rule_of(cfg)
+
+    model, tokenizer = load_target(cfg.target)
+    from specbench.engines.hf import HFEngine
+
+    engine = HFEngine(model)
+    device = provenance.device_name(engine.device)
+    inputs = encode_prompts(prompts, tokenizer)
+    params = SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p)
+    eos = eos_ids(tokenizer, model)
+    spec = Speculation(drafter, rule, cfg.k, rule_params) if drafter is not None else None
+    kw = dict(cfg=cfg, params=params, eos=eos)
+
+    # Warm-up, excluded from every number: first-call allocations and kernel selection.
+    warm = OmegaConf.merge(cfg, {"max_new_tokens": min(WARMUP_TOKENS, cfg.max_new_tokens)})
+    decode_all(engine, inputs[:1], prompts[:1], **{**kw, "cfg": warm}, spec=spec, desc="warm-up")
+
+    base_file = baseline_path(cfg, device, next(model.parameters()).dtype, len(prompts))
+    baseline = read_json(base_file) if base_file.exists() else None
+    records = None
+    if baseline is None:
+        base_records, _ = decode_all(engine, inputs, prompts, **kw, spec=None, desc="baseline")
+        base_summary = summarize(base_records, SpecStats(0), wall_s=0.0)
+        baseline = {"tokens": [r.tokens for r in base_records], "tpot_ms": base_summary["tpot_ms"],
+                    "device": device, "git_sha": row["git_sha"], "run_id": row["run_id"]}
+        atomic_write(base_file, json.dumps(baseline) + "\n")
+        if spec is None:  # the baseline run is this computation: report it, do not decode twice
+            records, stats = base_records, SpecStats(0)
+    if records is None:
+        records, stats = decode_all(engine, inputs, prompts, **kw, spec=spec, desc=row["run_id"])
+
+    row.update(summarize(records, stats, wall_s=time.perf_counter() - started))
+    mismatches = sum(r.tokens != ref for r, ref in zip(records, baseline["tokens"]))
+    row.update(
+        num_prompts=len(prompts), device=device, baseline=str(base_file.name),
+        greedy_mismatches=mismatches if spec is not None and params.greedy else None,
+        speedup=baseline["tpot_ms"] / row["tpot_ms"] if baseline["tpot_ms"] and row["tpot_ms"] else None,
+        status="ok",
+    )
+    return row, records
+
+
+def run_and_record(cfg: DictConfig) -> dict:
+    """Run, and write the row whatever happens: a failure is a row with status "failed"."""
+    config = to_container(cfg)
+    chash = config_hash(config)
+    row = _base_row(cfg, new_run_id(chash), chash)
+    records: list = []
+    try:
+        row, records = run(cfg, row)
+    except ConfigError as e:
+        row.update(status="failed", error=str(e))
+    except Exception as e:  # recorded, not swallowed: the caller decides the exit status
+        log.error("run %s failed:\n%s", row["run_id"], traceback.format_exc())
+        row.update(status="failed", error=f"{type(e).__name__}: {e}".splitlines()[0])
+    write_run(cfg.results_dir, row, OmegaConf.to_yaml(cfg), records)
+    return row

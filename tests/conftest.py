@@ -1,0 +1,88 @@
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from specbench.drafters.base import DraftProposal, DraftState
+
+
+def tiny_tokenizer(chat: bool):
+    """A word-level tokenizer built in memory: no hub access, no files."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["<unk>", "<s>", "</s>", "<|user|>", "<|assistant|>", "<|end|>", "hello", "world", "again"]
+    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+    if chat:
+        # Writes its own BOS, as real templates do; encode_prompts must not add a second one.
+        tok.chat_template = (
+            "{{ bos_token }}{% for m in messages %}<|{{ m.role }}|> {{ m.content }} <|end|> {% endfor %}"
+            "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+        )
+    return tok
+
+
+@pytest.fixture(scope="session")
+def tiny_model():
+    """A 2-layer Llama with random fp32 weights: fast, and deterministic for a fixed seed."""
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+        bos_token_id=0, eos_token_id=1, pad_token_id=1,
+    )
+    model = LlamaForCausalLM(config).eval()
+    # Larger weights than the default init so that the logits are far from uniform: greedy
+    # decoding then has clear argmaxes and sampled text is not plain noise.
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.mul_(8.0)
+    return model
+
+
+class ScriptedDrafter:
+    """Proposes a known continuation, corrupting each token with probability `noise`: a drafter
+    whose acceptance we control, so both the accept and the reject paths are exercised."""
+
+    name = "scripted"
+
+    def __init__(self, prompt_len: int, continuation: list, noise: float, vocab: int, seed: int = 0):
+        self.prompt_len, self.continuation, self.noise, self.vocab = prompt_len, continuation, noise, vocab
+        self.g = torch.Generator().manual_seed(seed)
+
+    def propose(self, state: DraftState) -> DraftProposal:
+        done = state.tokens[0].shape[0] - self.prompt_len
+        guess = torch.tensor(self.continuation[done : done + state.k], dtype=torch.long)
+        m = guess.shape[0]
+        flip = torch.rand(m, generator=self.g) < self.noise
+        guess = torch.where(flip, torch.randint(2, self.vocab, (m,), generator=self.g), guess)
+        tokens = torch.full((1, state.k), -1, dtype=torch.long)
+        tokens[0, :m] = guess
+        return DraftProposal(tokens=tokens, num_tokens=torch.tensor([m]))
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory) -> Path:
+    """A local checkpoint directory (random 2-layer Llama + word-level chat tokenizer), loadable
+    as target.path like any Hugging Face checkpoint. The model's vocabulary is padded past the
+    tokenizer's, as real checkpoints often are."""
+    tokenizer = tiny_tokenizer(chat=True)
+    torch.manual_seed(1)
+    config = LlamaConfig(
+        vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+    )
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.mul_(8.0)
+    path = tmp_path_factory.mktemp("tiny-llama")
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path

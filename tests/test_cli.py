@@ -1,0 +1,144 @@
+"""The command line: composition, bad input, single runs and sweeps, on a tiny local checkpoint."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from specbench import run as run_module
+from specbench.analysis import load_results
+from specbench.config import ConfigError, register
+from specbench.results import COLUMNS
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+register()
+
+
+def cfg_of(*overrides):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose("config", overrides=list(overrides))
+
+
+def cli(*args, cwd=None):
+    return subprocess.run(
+        [sys.executable, "-m", "specbench", *args], capture_output=True, text=True, cwd=cwd, timeout=300
+    )
+
+
+def tiny(checkpoint, results, *more):
+    return [f"target.path={checkpoint}", "target.name=tiny", f"results_dir={results}",
+            "dataset.num_prompts=2", "max_new_tokens=12", *more]
+
+
+# --- composition -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("group", ["target", "dataset", "drafter", "rule"])
+def test_every_option_of_every_group_composes(group):
+    for option in sorted(p.stem for p in (CONF / group).glob("*.yaml")):
+        extra = ["+drafter=ngram"] if group == "rule" else []
+        prefix = "+" if group in ("drafter", "rule") else ""
+        cfg = cfg_of(*extra, f"{prefix}{group}={option}")
+        node = cfg[group]
+        assert OmegaConf.get_type(node) is not dict, f"{group}={option} has no typed schema"
+        assert node.name
+
+
+def test_misspelt_keys_fail_at_compose_time():
+    for bad in (["kk=3"], ["+drafter=ngram", "drafter.max_nn=3"], ["+drafter=ngram", "+rule=onehot", "rule.threshold_acc=0.5"]):
+        with pytest.raises(Exception, match="Could not override"):
+            cfg_of(*bad)
+    with pytest.raises(Exception):
+        cfg_of("temperature=hot")
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (["+drafter=ngram", "k=0"], "k=0: must be >= 1"),
+        (["+drafter=ngram", "+rule=thresholded", "rule.threshold_acc=0"], "rule.threshold_acc=0.0: must be in (0, 1]"),
+        (["+drafter=ngram", "+rule=thresholded", "rule.threshold_single=1.5"], "rule.threshold_single=1.5: must be in (0, 1]"),
+        (["top_p=0"], "top_p=0.0: must be in (0, 1]"),
+        (["top_p=1.2"], "top_p=1.2: must be in (0, 1]"),
+        (["temperature=-1"], "temperature=-1.0"),
+        (["+drafter=ngram", "batch_size=4"], "batch_size=4: batched speculation"),
+        (["target.path=/no/such/model"], "target.path=/no/such/model: no such file or directory"),
+        (["target.path=./missing.gguf"], "target.path=./missing.gguf: no such file"),
+        (["dataset.num_prompts=0"], "dataset.num_prompts=0"),
+        (["+rule=onehot"], "rule=onehot: a rule needs a drafter"),
+        (["+drafter=ngram", "drafter.min_n=4", "drafter.max_n=2"], "drafter.min_n=4"),
+    ],
+)
+def test_bad_input_stops_before_any_model_work(monkeypatch, overrides, message):
+    def no_model(*_):
+        raise AssertionError("a model was loaded before the input was checked")
+
+    monkeypatch.setattr(run_module, "load_target", no_model)
+    with pytest.raises(ConfigError) as e:
+        run_module.run(cfg_of(*overrides), {})
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_empty_prompt_set_stops_before_any_model_work(monkeypatch, tmp_path):
+    monkeypatch.setattr(run_module, "load_target", lambda *_: pytest.fail("model loaded"))
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    with pytest.raises(ConfigError, match="dataset.source="):
+        run_module.run(cfg_of(f"dataset.source={empty}", "dataset.sha256=null"), {})
+
+
+# --- the command line --------------------------------------------------------------------------
+
+
+def test_unknown_group_option_lists_the_valid_ones(tmp_path):
+    for arg, valid in (("+drafter=medusa", "ngram"), ("dataset=gsm8k", "alpaca_eval, humaneval, mt_bench")):
+        proc = cli(arg, f"results_dir={tmp_path}")
+        assert proc.returncode == 2
+        line = proc.stderr.strip()
+        assert "\n" not in line and line.endswith(f"valid: {valid}") and arg.lstrip("+") in line
+    assert not (tmp_path / "runs").exists()  # nothing ran
+
+
+def test_bad_value_exits_nonzero_with_one_line_and_a_failed_row(tmp_path):
+    proc = cli("+drafter=ngram", "k=0", f"results_dir={tmp_path}")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1] == "error: k=0: must be >= 1"
+    rows = load_results(tmp_path)
+    assert rows.status.tolist() == ["failed"] and rows.error[0] == "k=0: must be >= 1"
+
+
+def test_baseline_then_speculative_runs_on_a_local_checkpoint(tiny_checkpoint, tmp_path):
+    base = cli(*tiny(tiny_checkpoint, tmp_path))
+    assert base.returncode == 0, base.stderr
+    spec = cli(*tiny(tiny_checkpoint, tmp_path, "+drafter=ngram", "+rule=target_only", "k=3"))
+    assert spec.returncode == 0, spec.stderr
+    rows = load_results(tmp_path).sort_values("drafter", na_position="first")
+    assert list(rows.columns[: len(COLUMNS)]) == list(COLUMNS)
+    baseline, speculative = rows.iloc[0], rows.iloc[1]
+    assert pd.isna(baseline.drafter) and baseline.tokens_per_round == 1.0 and baseline.status == "ok"
+    assert speculative.rule == "target_only" and speculative.k == 3 and speculative.status == "ok"
+    assert speculative.greedy_mismatches == 0  # temperature 0: token-for-token the baseline
+    assert speculative.speedup > 0 and speculative.new_tokens == baseline.new_tokens
+    assert len(speculative.accept_pos) == 3
+    # the baseline was computed once (by the baseline run) and reused
+    assert len(list((tmp_path / "baselines").glob("*.json"))) == 1
+    run_dir = tmp_path / "runs" / speculative.run_id
+    records = [json.loads(line) for line in (run_dir / "requests.jsonl").read_text().splitlines()]
+    assert len(records) == 2 and sum(len(r["tokens"]) for r in records) == speculative.new_tokens
+    assert "drafter:" in (run_dir / "config.yaml").read_text()
+
+
+def test_sweep_records_a_failed_job_and_goes_on(tiny_checkpoint, tmp_path):
+    proc = cli(*tiny(tiny_checkpoint, tmp_path, "+drafter=ngram", "temperature=0.7"), "-m", "k=0,2")
+    assert proc.returncode == 1  # a job failed
+    rows = load_results(tmp_path).sort_values("k")
+    assert rows.status.tolist() == ["failed", "ok"]
+    assert rows.error.iloc[0] == "k=0: must be >= 1"
+    assert rows.rule.iloc[1] == "standard"  # a drafter without a rule
+    assert rows.greedy_mismatches.isna().iloc[1]  # only defined at temperature 0
+    assert "acceptance_rate" in proc.stdout  # the summary table

@@ -1,0 +1,157 @@
+"""Acceptance rules on hand-made distributions: exact cases, then statistics.
+
+Statistical tests use fixed seeds and alpha = 1e-3 (so a correct rule fails about once in a
+thousand seeds). Sample sizes are chosen for power: with N = 200,000 draws over 6 categories a
+chi-square test at alpha = 1e-3 detects a total-variation shift of 0.01 with power > 0.99
+(non-centrality N * sum (dp^2 / p) >= 2 N TV^2 = 40, critical value 20.5 at 5 dof); the negative
+control below shifts TV by about 0.1 and is rejected with p far below 1e-100.
+"""
+
+import pytest
+import torch
+from scipy import stats
+
+from specbench.rules import verify_chain
+
+P = torch.tensor([0.40, 0.25, 0.15, 0.10, 0.07, 0.03])  # target, the write-up's toy
+Q = torch.tensor([0.20, 0.35, 0.05, 0.25, 0.10, 0.05])  # draft
+N = 200_000
+
+
+def one_position(rule, draft_tokens, draft_probs=None, seed=0, **kw):
+    """k = 1, the same p at both positions: returns (first emitted token [N], accepted [N])."""
+    g = torch.Generator().manual_seed(seed)
+    target = P.expand(N, 2, 6)
+    res = verify_chain(rule, target, draft_tokens.view(N, 1), draft_probs, generator=g, **kw)
+    return res.tokens[:, 0], res.num_accepted
+
+
+def chi2_pvalue(tokens, p):
+    counts = torch.bincount(tokens, minlength=len(p)).double()
+    p = p.double() / p.double().sum()
+    return stats.chisquare(counts.numpy(), (p * counts.sum()).numpy()).pvalue
+
+
+# --- exact cases -------------------------------------------------------------------------------
+
+
+def test_greedy_accepts_prefix_and_emits_argmax():
+    p = torch.zeros(2, 4, 5)
+    p[0, [0, 1, 2, 3], [1, 2, 3, 4]] = 1.0  # argmax path 1, 2, 3 then bonus 4
+    p[1, [0, 1, 2, 3], [1, 0, 0, 0]] = 1.0
+    drafts = torch.tensor([[1, 2, 3], [1, 2, 3]])
+    res = verify_chain("greedy", p, drafts)
+    assert res.num_accepted.tolist() == [3, 1]
+    assert res.tokens.tolist() == [[1, 2, 3, 4], [1, 0, -1, -1]]
+
+
+def test_point_mass_target_accepts_or_rejects_surely():
+    p = torch.tensor([[[0.0, 1.0, 0.0], [0.0, 0.0, 1.0]]])
+    for rule in ("onehot", "target_only", "thresholded"):
+        assert verify_chain(rule, p, torch.tensor([[1]])).tokens.tolist() == [[1, 2]]
+        # p(x) = 0: rejected, and the recovered token comes from p with x zeroed
+        assert verify_chain(rule, p, torch.tensor([[0]])).tokens.tolist() == [[1, -1]]
+
+
+def test_standard_with_q_equal_p_always_accepts():
+    g = torch.Generator().manual_seed(1)
+    p = torch.softmax(torch.randn(64, 4, 10, generator=g), -1)
+    drafts = torch.multinomial(p[:, :3].reshape(-1, 10), 1, generator=g).view(64, 3)
+    res = verify_chain("standard", p, drafts, p[:, :3].clone(), generator=g)
+    assert (res.num_accepted == 3).all()
+    assert (res.tokens[:, :3] == drafts).all() and (res.tokens[:, 3] >= 0).all()
+
+
+def test_short_drafts_end_with_a_bonus_from_p_at_that_position():
+    p = torch.zeros(1, 4, 5)
+    p[0, 0, 1] = p[0, 1, 2] = p[0, 2, 4] = p[0, 3, 0] = 1.0
+    res = verify_chain("onehot", p, torch.tensor([[1, 2, -1]]))
+    assert res.num_accepted.tolist() == [2]
+    assert res.tokens.tolist() == [[1, 2, 4, -1]]  # bonus from position 3, not a rejection
+    res = verify_chain("onehot", p, torch.tensor([[-1, -1, -1]]))
+    assert res.tokens.tolist() == [[1, -1, -1, -1]]
+
+
+def test_thresholds_relax_acceptance():
+    p = P.expand(1, 2, 6)
+    x = torch.tensor([[1]])  # p(x) = 0.25
+    res = verify_chain("thresholded", p, x, threshold_single=0.25)
+    assert res.num_accepted.item() == 1  # p(x) >= threshold_single: accepted whatever the coin
+    with pytest.raises(ValueError, match="takes no thresholds"):
+        verify_chain("onehot", p, x, threshold_acc=0.5)
+
+
+def test_standard_without_draft_probs_fails_clearly():
+    with pytest.raises(ValueError, match="rule=standard needs draft_probs"):
+        verify_chain("standard", P.expand(1, 2, 6), torch.tensor([[1]]))
+    with pytest.raises(ValueError, match="unknown rule"):
+        verify_chain("typical", P.expand(1, 2, 6), torch.tensor([[1]]))
+
+
+# --- statistics on the write-up's toy distributions ----------------------------------------
+
+
+def test_standard_is_lossless_and_accepts_sum_min_p_q():
+    g = torch.Generator().manual_seed(20261031)
+    drafts = torch.multinomial(Q, N, replacement=True, generator=g)
+    tokens, acc = one_position("standard", drafts, Q.expand(N, 1, 6), seed=1)
+    assert chi2_pvalue(tokens, P) > 1e-3
+    # E[accept] = sum min(p, q) = 0.70; sd of the mean is sqrt(.21 / N) = 0.001
+    assert abs(acc.double().mean().item() - 0.70) < 0.005
+
+
+@pytest.mark.parametrize("rule", ["onehot", "target_only", "thresholded"])
+def test_point_mass_rules_are_lossless_and_accept_p_of_x(rule):
+    drafts = torch.full((N,), 1)  # argmax Q
+    tokens, acc = one_position(rule, drafts, seed=2)
+    assert chi2_pvalue(tokens, P) > 1e-3
+    assert abs(acc.double().mean().item() - 0.25) < 0.005
+
+
+def test_relaxed_threshold_changes_the_distribution():
+    tokens, acc = one_position("thresholded", torch.full((N,), 1), seed=3, threshold_acc=0.5)
+    assert abs(acc.double().mean().item() - 0.50) < 0.005  # accept when u < 0.25 / 0.5
+    assert chi2_pvalue(tokens, P) < 1e-100
+
+
+def test_negative_control_missing_residual_is_detected():
+    """Resampling from p instead of the residual (a classic bug) must fail the same check."""
+    g = torch.Generator().manual_seed(4)
+    drafts = torch.multinomial(Q, N, replacement=True, generator=g)
+    tokens, acc = one_position("standard", drafts, Q.expand(N, 1, 6), seed=5)
+    rejected = acc == 0
+    tokens = tokens.clone()
+    tokens[rejected] = torch.multinomial(P, int(rejected.sum()), replacement=True, generator=g)
+    assert chi2_pvalue(tokens, P) < 1e-100
+
+
+@pytest.mark.parametrize("rule,k", [("standard", 2), ("onehot", 3), ("target_only", 2)])
+def test_decoding_loop_sequences_are_iid_from_p(rule, k):
+    """Run whole rounds until every sequence has 3 tokens: with a context-free target the
+    joint over the 216 outcomes must be P x P x P. Catches wrong bookkeeping after rejection
+    (e.g. keeping drafts after the first rejection) that the one-position test cannot see.
+    N = 100,000 sequences; expected counts >= 100,000 * 0.03^3 = 2.7, so the rarest cells are
+    pooled below (expected < 5)."""
+    n, L = 100_000, 3
+    g = torch.Generator().manual_seed(7)
+    out = torch.full((n, L + k + 1), -1)
+    length = torch.zeros(n, dtype=torch.long)
+    while (length < L).any():
+        drafts = torch.multinomial(Q, n * k, replacement=True, generator=g).view(n, k)
+        if rule != "standard":
+            drafts = torch.full((n, k), 1)
+        q = Q.expand(n, k, 6) if rule == "standard" else None
+        res = verify_chain(rule, P.expand(n, k + 1, 6), drafts, q, generator=g)
+        for j in range(k + 1):
+            emit = (res.tokens[:, j] >= 0) & (length < L)
+            out[emit, length[emit]] = res.tokens[emit, j]
+            length += emit.long()
+    codes = out[:, 0] * 36 + out[:, 1] * 6 + out[:, 2]
+    p = P.double() / P.double().sum()
+    joint = (p[:, None, None] * p[None, :, None] * p[None, None, :]).flatten()
+    counts = torch.bincount(codes, minlength=216).double()
+    expected = joint * n
+    big = expected >= 5
+    obs = torch.cat([counts[big], counts[~big].sum().view(1)])
+    exp = torch.cat([expected[big], expected[~big].sum().view(1)])
+    assert stats.chisquare(obs.numpy(), exp.numpy()).pvalue > 1e-3
