@@ -39,11 +39,15 @@ class HFEngine:
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """input_ids: [1, q] the last emitted token then q-1 drafts -> logits [1, q, V].
+        """input_ids: [B, q] the last emitted token then q-1 drafts -> logits [B, q, V].
 
         Causal attention gives position i the prefix plus drafts 1..i, so one call yields the
         target distribution at every draft position and at the bonus position."""
         return self._call(input_ids).logits
+
+    def expand(self, n: int) -> None:
+        """Repeat a batch-1 cache n times (n continuations of one prompt)."""
+        self.cache.batch_repeat_interleave(n)
 
     def rollback(self, length: int) -> None:
         """Drop cached entries past `length` (rejected drafts). No copy: the cache is cropped."""

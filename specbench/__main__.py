@@ -10,10 +10,12 @@ from omegaconf import DictConfig
 
 from specbench.config import register
 from specbench.report import table
+from specbench import tasks
 from specbench.run import run_and_record
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
-GROUPS = ("target", "drafter", "rule", "dataset")
+GROUPS = ("target", "drafter", "rule", "dataset", "experiment")
+TASKS = {"decode": None, "toy_rules": tasks.toy_rules, "real_rules": tasks.real_rules}
 
 
 def check_group_choices(argv: list) -> None:
@@ -31,15 +33,16 @@ def check_group_choices(argv: list) -> None:
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF), config_name="config")
-def main(cfg: DictConfig) -> dict:
-    row = run_and_record(cfg)
+def main(cfg: DictConfig) -> list:
+    rows = run_and_record(cfg, TASKS.get(cfg.task))
     if HydraConfig.get().mode == RunMode.MULTIRUN:
-        return row  # the sweep goes on; SweepSummary reports failures at its end
-    if row["status"] != "ok":
-        print(f"error: {row['error']}", file=sys.stderr)
+        return rows  # the sweep goes on; SweepSummary reports failures at its end
+    if rows[0]["status"] != "ok":
+        print(f"error: {rows[0]['error']}", file=sys.stderr)
         sys.exit(2)
-    print("\n" + table([row]), flush=True)
-    return row
+    if cfg.task == "decode":
+        print("\n" + table(rows), flush=True)
+    return rows
 
 
 def flags_first(argv: list) -> list:

@@ -6,14 +6,15 @@ from pathlib import Path
 
 import pandas as pd
 
-from specbench.results import COLUMNS, read_json
+from specbench.results import COLUMNS, read_jsonl
 
 
 def load_results(results_dir: str | Path) -> pd.DataFrame:
-    """Every run's row under results_dir/runs/*/row.json, one line per run, COLUMNS first.
+    """Every row under results_dir/runs/*/rows.jsonl, COLUMNS first (decode runs have one row;
+    a rule check has one per rule: filter on `task`).
 
-    Runs still in progress have no row.json yet and are not listed."""
-    rows = [read_json(p) for p in sorted(Path(results_dir).glob("runs/*/row.json"))]
+    Runs still in progress have no rows.jsonl yet and are not listed."""
+    rows = [row for p in sorted(Path(results_dir).glob("runs/*/rows.jsonl")) for row in read_jsonl(p)]
     frame = pd.DataFrame(rows)
     for column in COLUMNS:
         if column not in frame.columns:

@@ -71,7 +71,27 @@ class ThresholdedRuleConfig(RuleConfig):
 
 
 @dataclass
+class RuleCheckConfig:
+    """The rules on known distributions (task toy_rules / real_rules, specbench.rulecheck)."""
+
+    draws: int = 200_000  # per rule and position
+    tree_size: int = 3  # sibling candidates for target_only / thresholded: the top of q
+    threshold_acc: float = 0.5  # the lossy row
+    markov_k: int = 2  # drafts per round in the Markov-chain check
+    markov_length: int = 3  # sequence length: 4^3 = 64 outcomes
+    positions: int = 4  # real_rules: positions per prompt, the most uncertain ones of the window
+    window: int = 32  # real_rules: tokens the target writes (greedily) to choose positions from
+    # real_rules: q from the target's first layers + final norm + LM head (a layer-skip exit);
+    # for SmolLM2-135M, 24 of 30 layers gives sum min(p, q) near 0.3, a plausible drafter.
+    draft_layers: int = 24
+
+
+TASKS = ("decode", "toy_rules", "real_rules")
+
+
+@dataclass
 class SpecBenchConfig:
+    task: str = "decode"  # set by experiment configs: decode | toy_rules | real_rules
     target: TargetConfig = MISSING
     dataset: DatasetConfig = MISSING
     drafter: Any = None  # None: plain autoregressive decoding (the baseline)
@@ -84,6 +104,13 @@ class SpecBenchConfig:
     seed: int = 0
     batch_size: int = 1
     results_dir: str = "results/local"
+    # End-to-end distribution check (specbench.e2e): distcheck_samples continuations of
+    # distcheck_length tokens per prompt, baseline vs speculative, compared position by position.
+    distcheck: bool = False
+    distcheck_samples: int = 2000
+    distcheck_length: int = 4
+    distcheck_prompts: int = 2  # the first prompts of the set
+    rulecheck: Optional[RuleCheckConfig] = None
 
 
 RULES = ("standard", "onehot", "target_only", "thresholded")
@@ -92,6 +119,7 @@ RULES = ("standard", "onehot", "target_only", "thresholded")
 def register() -> None:
     cs = ConfigStore.instance()
     cs.store(name="specbench_schema", node=SpecBenchConfig)
+    cs.store(group="schema", name="rulecheck", node=RuleCheckConfig)
     cs.store(group="schema/target", name="target", node=TargetConfig)
     cs.store(group="schema/dataset", name="dataset", node=DatasetConfig)
     cs.store(group="schema/drafter", name="ngram", node=NgramConfig)
@@ -102,6 +130,12 @@ def register() -> None:
 def validate(cfg: DictConfig | SpecBenchConfig) -> None:
     """Checks that span fields or values; raises ConfigError before any model work."""
     speculative = cfg.drafter is not None
+    if cfg.task not in TASKS:
+        raise ConfigError("task", cfg.task, f"valid tasks: {', '.join(TASKS)}")
+    if cfg.distcheck and not (speculative and cfg.temperature > 0):
+        raise ConfigError("distcheck", True, "compares sampled outputs: needs a drafter and temperature > 0")
+    if cfg.distcheck and (cfg.distcheck_samples < 2 or cfg.distcheck_length < 1):
+        raise ConfigError("distcheck_samples", cfg.distcheck_samples, "need >= 2 samples of >= 1 token")
     if cfg.rule is not None and not speculative:
         raise ConfigError("rule", cfg.rule.name, "a rule needs a drafter (add +drafter=...)")
     if cfg.rule is not None and cfg.rule.name not in RULES:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import platform
 import subprocess
 from pathlib import Path
@@ -23,7 +24,10 @@ def device_name(device: torch.device) -> str:
 
 
 def git_sha() -> str | None:
-    """HEAD of the specbench checkout, with "-dirty" when tracked files have uncommitted changes."""
+    """HEAD of the specbench checkout, with "-dirty" when tracked files have uncommitted changes.
+    A copy without .git (a GPU host gets the working tree only) passes it in SPECBENCH_GIT_SHA."""
+    if os.environ.get("SPECBENCH_GIT_SHA"):
+        return os.environ["SPECBENCH_GIT_SHA"]
 
     def git(*args):
         return subprocess.run(["git", *args], cwd=_REPO, capture_output=True, text=True, timeout=10)

@@ -9,14 +9,15 @@ import pandas as pd
 from hydra.experimental.callback import Callback
 
 SHOWN = (
-    "drafter", "rule", "k", "temperature", "dataset", "num_prompts", "new_tokens", "acceptance_rate",
-    "tokens_per_round", "tpot_ms", "speedup", "greedy_mismatches", "status",
+    "drafter", "rule", "k", "dtype", "temperature", "dataset", "num_prompts", "new_tokens", "acceptance_rate",
+    "tokens_per_round", "tpot_ms", "speedup", "greedy_mismatches", "chi2_pvalue", "tv", "tv_null", "status",
 )
 
 
-def table(rows: list) -> str:
+def table(rows: list, columns=SHOWN) -> str:
+    """The given columns that some row fills, as a fixed-width table."""
     frame = pd.DataFrame(rows)
-    frame = frame[[c for c in SHOWN if c in frame.columns]]
+    frame = frame[[c for c in columns if c in frame.columns and frame[c].notna().any()]]
     with pd.option_context("display.width", 200, "display.max_columns", 30, "display.precision", 3):
         return frame.to_string(index=False)
 
@@ -31,8 +32,8 @@ class SweepSummary(Callback):
 
     def on_job_end(self, config: Any, job_return: Any, **kwargs: Any) -> None:
         value = getattr(job_return, "_return_value", None)
-        if isinstance(value, dict):
-            self.rows.append(value)
+        if isinstance(value, list):
+            self.rows += value
 
     def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
         if not self.rows:

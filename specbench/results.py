@@ -1,6 +1,7 @@
 """Results rows: one per run, written atomically into the run's own directory.
 
-    <results_dir>/runs/<run_id>/row.json        the results row (COLUMNS, and a few more)
+    <results_dir>/runs/<run_id>/rows.jsonl      the results rows (COLUMNS, and a few more): one
+                                                for a decode run, one per rule for a rule check
     <results_dir>/runs/<run_id>/config.yaml     the resolved config
     <results_dir>/runs/<run_id>/requests.jsonl  per request: tokens, rounds, accepted per round, timings
     <results_dir>/baselines/<key>.json          baseline outputs and timings, shared by runs
@@ -50,13 +51,21 @@ def new_run_id(chash: str) -> str:
     return f"{time.strftime('%Y%m%d-%H%M%S')}-{chash[:8]}-{os.urandom(2).hex()}"
 
 
-def write_run(results_dir: str | Path, row: dict, config_yaml: str, records: list) -> Path:
-    run_dir = Path(results_dir) / "runs" / row["run_id"]
-    lines = (json.dumps(dataclasses.asdict(r)) + "\n" for r in records)
-    atomic_write(run_dir / "requests.jsonl", "".join(lines))
+def jsonl(items) -> str:
+    return "".join(json.dumps(item) + "\n" for item in items)
+
+
+def write_run(results_dir: str | Path, rows: list, config_yaml: str, records: list) -> Path:
+    run_dir = Path(results_dir) / "runs" / rows[0]["run_id"]
+    atomic_write(run_dir / "requests.jsonl", jsonl(dataclasses.asdict(r) for r in records))
     atomic_write(run_dir / "config.yaml", config_yaml)
-    atomic_write(run_dir / "row.json", json.dumps(row, indent=1) + "\n")  # last: marks the run complete
+    atomic_write(run_dir / "rows.jsonl", jsonl(rows))  # last: its presence marks the run complete
     return run_dir
+
+
+def read_jsonl(path: Path) -> list:
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
 
 
 def read_json(path: Path) -> Any:

@@ -38,6 +38,71 @@ RULES = ("standard", "onehot", "target_only", "thresholded", "greedy")
 NEEDS_DRAFT_PROBS = ("standard",)
 
 
+def _target_only_choice(
+    p_candidates: torch.Tensor, coin: torch.Tensor, threshold_single: float, threshold_acc: float
+) -> torch.Tensor:
+    """SGLang's per-level test. p_candidates: [..., m] target mass of the siblings in order,
+    coin: [...] one uniform per level -> [...] index of the accepted sibling, -1 for none.
+
+    Sibling j is accepted when it has mass and u < sum_{i<=j} p(c_i) / threshold_acc, or
+    p(c_j) >= threshold_single; the first such sibling wins."""
+    cumulative = p_candidates.cumsum(-1)
+    ok = (p_candidates > 0) & (
+        (coin.unsqueeze(-1) < cumulative / threshold_acc) | (p_candidates >= threshold_single)
+    )
+    first = ok.long().argmax(-1)  # index of the first True (0 when none)
+    return torch.where(ok.any(-1), first, -1)
+
+
+@dataclass(frozen=True)
+class SiblingResult:
+    token: torch.Tensor  # [B] the emitted token
+    accepted: torch.Tensor  # [B] index of the accepted candidate, -1 when all were refused
+
+
+def verify_siblings(
+    rule: str,
+    target_probs: torch.Tensor,
+    candidates: torch.Tensor,
+    *,
+    generator: Optional[torch.Generator] = None,
+    threshold_single: float = 1.0,
+    threshold_acc: float = 1.0,
+) -> SiblingResult:
+    """One tree level: m sibling candidates tried in order against one target distribution.
+
+    target_probs: [B, V]; candidates: [B, m] int64 (-1 pads a shorter list).
+    target_only / thresholded: one coin, inverse-CDF over the candidates first; when every
+    candidate is refused, draw from p with the candidates zeroed. Lossless at thresholds 1.0:
+    P(emit c_j) = p(c_j), and any other y has (1 - sum p(c)) * p(y) / (1 - sum p(c)) = p(y).
+    greedy: the first candidate equal to argmax p, else the argmax.
+    """
+    if rule not in ("target_only", "thresholded", "greedy"):
+        raise ValueError(
+            f"rule={rule}: sibling candidates (a tree level) take target_only, thresholded or greedy"
+        )
+    if rule != "thresholded" and (threshold_single, threshold_acc) != (1.0, 1.0):
+        raise ValueError(f"rule={rule} takes no thresholds; use rule thresholded")
+    B, V = target_probs.shape
+    valid = candidates >= 0  # [B, m]
+    c = candidates.clamp(min=0)
+    rows = torch.arange(B, device=target_probs.device)
+    if rule == "greedy":
+        hit = (c == target_probs.argmax(-1, keepdim=True)) & valid  # [B, m]
+        accepted = torch.where(hit.any(-1), hit.long().argmax(-1), -1)
+        return SiblingResult(token=target_probs.argmax(-1), accepted=accepted)
+    p_c = target_probs.gather(-1, c).masked_fill(~valid, 0.0)  # [B, m]
+    coin = torch.rand(B, generator=generator, device=target_probs.device)
+    accepted = _target_only_choice(p_c, coin, threshold_single, threshold_acc)  # [B]
+    # Every candidate was tried and refused: zero them (padding must not zero token 0).
+    tried = torch.zeros_like(target_probs).scatter_reduce(-1, c, valid.to(target_probs.dtype), "amax")
+    residual = target_probs * (1 - tried)
+    residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, target_probs)
+    recovered = sample(residual, generator)
+    token = torch.where(accepted >= 0, c[rows, accepted.clamp(min=0)], recovered)
+    return SiblingResult(token=token, accepted=accepted)
+
+
 @dataclass(frozen=True)
 class VerifyResult:
     tokens: torch.Tensor  # [B, k+1] emitted tokens, -1 after the last one
@@ -92,8 +157,8 @@ def verify_chain(
             accepted = u * q_x < p_x  # u < p/q without dividing by q
         elif rule == "onehot":
             accepted = u < p_x
-        else:  # target_only, thresholded: one candidate per level, coin against its mass
-            accepted = (p_x > 0) & ((u < p_x / threshold_acc) | (p_x >= threshold_single))
+        else:  # target_only, thresholded: a chain is a tree with one candidate per level
+            accepted = _target_only_choice(p_x.unsqueeze(-1), u, threshold_single, threshold_acc) == 0
     accepted &= valid
     num_accepted = accepted.long().cumprod(-1).sum(-1)  # [B] length of the accepted prefix
 

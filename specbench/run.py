@@ -18,6 +18,7 @@ from specbench import provenance
 from specbench.config import ConfigError, to_container, validate
 from specbench.datasets import encode_prompts, load_prompts
 from specbench.drafters.ngram import NgramDrafter
+from specbench.e2e import end_to_end
 from specbench.metrics import SpecStats, summarize
 from specbench.models import check_path, load_target
 from specbench.results import COLUMNS, atomic_write, config_hash, new_run_id, read_json, write_run
@@ -92,8 +93,9 @@ def _base_row(cfg: DictConfig, run_id: str, chash: str) -> dict:
     return row
 
 
-def run(cfg: DictConfig, row: dict) -> tuple[dict, list]:
-    """Fill `row` with the run's results; raises ConfigError on bad input before model work."""
+def run(cfg: DictConfig, row: dict) -> tuple[list, list]:
+    """The decode task: fill `row` with the run's results -> ([row], per-request records).
+    Raises ConfigError on bad input before any model work."""
     started = time.perf_counter()
     validate(cfg)
     check_path(cfg.target)
@@ -131,28 +133,44 @@ def run(cfg: DictConfig, row: dict) -> tuple[dict, list]:
         records, stats = decode_all(engine, inputs, prompts, **kw, spec=spec, desc=row["run_id"])
 
     row.update(summarize(records, stats, wall_s=time.perf_counter() - started))
-    mismatches = sum(r.tokens != ref for r, ref in zip(records, baseline["tokens"]))
+    divergence = [first_difference(r.tokens, ref) for r, ref in zip(records, baseline["tokens"])]
+    compared = spec is not None and params.greedy
     row.update(
-        num_prompts=len(prompts), device=device, baseline=str(base_file.name),
-        greedy_mismatches=mismatches if spec is not None and params.greedy else None,
+        num_prompts=len(prompts), device=device, dtype=str(next(model.parameters()).dtype), baseline=str(base_file.name),
+        greedy_mismatches=sum(d is not None for d in divergence) if compared else None,
+        first_divergence=divergence if compared else None,
         speedup=baseline["tpot_ms"] / row["tpot_ms"] if baseline["tpot_ms"] and row["tpot_ms"] else None,
         status="ok",
     )
-    return row, records
+    if cfg.distcheck:
+        row.update(end_to_end(
+            engine, inputs[: cfg.distcheck_prompts], params=params, eos_ids=eos, spec=spec,
+            samples=cfg.distcheck_samples, length=cfg.distcheck_length, seed=cfg.seed,
+        ))
+    return [row], records
 
 
-def run_and_record(cfg: DictConfig) -> dict:
-    """Run, and write the row whatever happens: a failure is a row with status "failed"."""
+def first_difference(tokens: list, reference: list):
+    """Index of the first generated token that differs from the reference, None if equal."""
+    for i, (a, b) in enumerate(zip(tokens, reference)):
+        if a != b:
+            return i
+    return None if len(tokens) == len(reference) else min(len(tokens), len(reference))
+
+
+def run_and_record(cfg: DictConfig, task=None) -> list:
+    """Run a task, and write its rows whatever happens: a failure is one row with status
+    "failed" and the error. task(cfg, row) -> (rows, records); default: a decode run."""
     config = to_container(cfg)
     chash = config_hash(config)
     row = _base_row(cfg, new_run_id(chash), chash)
-    records: list = []
+    rows, records = [row], []
     try:
-        row, records = run(cfg, row)
+        rows, records = (task or run)(cfg, row)
     except ConfigError as e:
         row.update(status="failed", error=str(e))
     except Exception as e:  # recorded, not swallowed: the caller decides the exit status
         log.error("run %s failed:\n%s", row["run_id"], traceback.format_exc())
         row.update(status="failed", error=f"{type(e).__name__}: {e}".splitlines()[0])
-    write_run(cfg.results_dir, row, OmegaConf.to_yaml(cfg), records)
-    return row
+    write_run(cfg.results_dir, rows, OmegaConf.to_yaml(cfg), records)
+    return rows

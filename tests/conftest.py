@@ -65,6 +65,33 @@ class ScriptedDrafter:
         return DraftProposal(tokens=tokens, num_tokens=torch.tensor([m]))
 
 
+class SelfDrafter:
+    """Drafts by sampling the model itself (no cache: tiny models only), returning its q.
+    Plausible drafts with moderate probabilities: the case where a lossy rule shows."""
+
+    name = "self"
+
+    def __init__(self, model, params, seed: int = 0):
+        self.model, self.params = model, params
+        self.g = torch.Generator().manual_seed(seed)
+
+    @torch.inference_mode()
+    def propose(self, state: DraftState) -> DraftProposal:
+        from specbench.sampling import probs_from_logits, sample
+
+        seq = state.tokens[0]
+        tokens, probs = [], []
+        for _ in range(state.k):
+            q = probs_from_logits(self.model(seq[None]).logits[:, -1], self.params)  # [1, V]
+            x = sample(q, self.g)
+            tokens.append(x)
+            probs.append(q)
+            seq = torch.cat([seq, x])
+        return DraftProposal(
+            tokens=torch.stack(tokens, 1), num_tokens=torch.tensor([state.k]), probs=torch.stack(probs, 1)
+        )
+
+
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory) -> Path:
     """A local checkpoint directory (random 2-layer Llama + word-level chat tokenizer), loadable

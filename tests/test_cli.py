@@ -96,7 +96,8 @@ def test_empty_prompt_set_stops_before_any_model_work(monkeypatch, tmp_path):
 
 
 def test_unknown_group_option_lists_the_valid_ones(tmp_path):
-    for arg, valid in (("+drafter=medusa", "ngram"), ("dataset=gsm8k", "alpaca_eval, humaneval, mt_bench")):
+    for arg, valid in (("+drafter=medusa", "ngram"), ("dataset=gsm8k", "alpaca_eval, humaneval, mt_bench"),
+                       ("experiment=nope", "greedy_equality, real_rules, toy_rules")):
         proc = cli(arg, f"results_dir={tmp_path}")
         assert proc.returncode == 2
         line = proc.stderr.strip()
@@ -141,4 +142,28 @@ def test_sweep_records_a_failed_job_and_goes_on(tiny_checkpoint, tmp_path):
     assert rows.error.iloc[0] == "k=0: must be >= 1"
     assert rows.rule.iloc[1] == "standard"  # a drafter without a rule
     assert rows.greedy_mismatches.isna().iloc[1]  # only defined at temperature 0
-    assert "acceptance_rate" in proc.stdout  # the summary table
+    assert "tokens_per_round" in proc.stdout  # the summary table
+
+
+def test_distcheck_adds_its_columns_to_the_row(tiny_checkpoint, tmp_path):
+    proc = cli(*tiny(tiny_checkpoint, tmp_path, "+drafter=ngram", "drafter.min_n=1", "temperature=0.8",
+                     "distcheck=true", "distcheck_samples=40", "distcheck_length=2", "distcheck_prompts=1"))
+    assert proc.returncode == 0, proc.stderr
+    row = load_results(tmp_path).iloc[0]
+    assert 0 <= row.chi2_pvalue <= 1 and 0 <= row.tv <= 1 and row.distcheck_samples == 40
+    assert len(row.distcheck_pvalues) == 2 and row.distcheck_combine == "cauchy"
+
+
+def test_distcheck_needs_sampling(tmp_path):
+    proc = cli("+drafter=ngram", "distcheck=true", f"results_dir={tmp_path}")
+    assert proc.returncode == 2 and "distcheck=True: compares sampled outputs" in proc.stderr
+
+
+def test_toy_rules_experiment_prints_writes_rows_and_a_figure(tmp_path):
+    proc = cli("experiment=toy_rules", "rulecheck.draws=20000", f"results_dir={tmp_path}")
+    assert proc.returncode == 0, proc.stderr
+    assert "control: missing residual" in proc.stdout and "20,000 draws" in proc.stdout
+    rows = load_results(tmp_path)
+    assert (rows.task == "toy_rules").all() and len(rows) == 8  # 5 rules + 3 Markov chains
+    assert rows.run_id.is_unique and (rows.seed == 20261031).all()
+    assert (tmp_path / "figures" / "toy_rules.png").stat().st_size > 10_000

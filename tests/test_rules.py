@@ -3,7 +3,8 @@
 Statistical tests use fixed seeds and alpha = 1e-3 (so a correct rule fails about once in a
 thousand seeds). Sample sizes are chosen for power: with N = 200,000 draws over 6 categories a
 chi-square test at alpha = 1e-3 detects a total-variation shift of 0.01 with power > 0.99
-(non-centrality N * sum (dp^2 / p) >= 2 N TV^2 = 40, critical value 20.5 at 5 dof); the negative
+(non-centrality N * sum (dp^2 / p) >= 4 N TV^2 = 80, critical value 20.5 at 5 dof;
+specbench.distcheck.power); the negative
 control below shifts TV by about 0.1 and is rejected with p far below 1e-100.
 """
 
@@ -11,7 +12,7 @@ import pytest
 import torch
 from scipy import stats
 
-from specbench.rules import verify_chain
+from specbench.rules import verify_chain, verify_siblings
 
 P = torch.tensor([0.40, 0.25, 0.15, 0.10, 0.07, 0.03])  # target, the write-up's toy
 Q = torch.tensor([0.20, 0.35, 0.05, 0.25, 0.10, 0.05])  # draft
@@ -155,3 +156,39 @@ def test_decoding_loop_sequences_are_iid_from_p(rule, k):
     obs = torch.cat([counts[big], counts[~big].sum().view(1)])
     exp = torch.cat([expected[big], expected[~big].sum().view(1)])
     assert stats.chisquare(obs.numpy(), exp.numpy()).pvalue > 1e-3
+
+
+# --- one tree level: sibling candidates ----------------------------------------------------
+
+
+def test_siblings_exact_cases():
+    p = torch.tensor([[0.0, 0.0, 1.0, 0.0], [0.5, 0.5, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0]])
+    cands = torch.tensor([[1, 2, -1], [3, -1, -1], [-1, -1, -1]])
+    res = verify_siblings("target_only", p, cands, generator=torch.Generator().manual_seed(0))
+    assert res.accepted.tolist()[0] == 1 and res.token.tolist()[0] == 2  # the second sibling
+    assert res.accepted.tolist()[1:] == [-1, -1]
+    assert res.token[1].item() in (0, 1) and res.token[2].item() == 1  # padding never zeroes token 0
+    greedy = verify_siblings("greedy", p, cands)
+    assert greedy.accepted.tolist() == [1, -1, -1] and greedy.token.tolist() == [2, 0, 1]
+    with pytest.raises(ValueError, match="tree level"):
+        verify_siblings("standard", p, cands)
+
+
+def test_siblings_tree_of_three_is_lossless_and_accepts_their_mass():
+    """The write-up's tree: candidates 1, 3, 0 (the 3 most likely under Q); accept 0.75."""
+    cands = torch.tensor([1, 3, 0]).expand(N, 3)
+    res = verify_siblings("target_only", P.expand(N, 6), cands, generator=torch.Generator().manual_seed(8))
+    assert chi2_pvalue(res.token, P) > 1e-3
+    assert abs((res.accepted >= 0).double().mean().item() - 0.75) < 0.005
+
+
+def test_siblings_thresholded_half_always_accepts_and_shifts_tv_by_035():
+    cands = torch.tensor([1, 3, 0]).expand(N, 3)
+    res = verify_siblings(
+        "thresholded", P.expand(N, 6), cands, generator=torch.Generator().manual_seed(9), threshold_acc=0.5
+    )
+    assert (res.accepted >= 0).all()
+    freq = torch.bincount(res.token, minlength=6).double() / N
+    # u < 0.25/0.5 -> 1; u < 0.35/0.5 -> 3; else 0: [0.3, 0.5, 0, 0.2, 0, 0]
+    assert torch.allclose(freq, torch.tensor([0.3, 0.5, 0, 0.2, 0, 0], dtype=torch.double), atol=0.005)
+    assert abs(0.5 * (freq - P.double()).abs().sum().item() - 0.35) < 0.005
