@@ -18,8 +18,8 @@ def table(rows: list, columns=SHOWN) -> str:
     """The given columns that some row fills, as a fixed-width table."""
     frame = pd.DataFrame(rows)
     frame = frame[[c for c in columns if c in frame.columns and frame[c].notna().any()]]
-    with pd.option_context("display.width", 200, "display.max_columns", 30, "display.precision", 3):
-        return frame.to_string(index=False)
+    with pd.option_context("display.width", 200, "display.max_columns", 30):
+        return frame.to_string(index=False, float_format=lambda v: f"{v:.4g}")
 
 
 class SweepSummary(Callback):

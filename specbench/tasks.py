@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
-from specbench import rulecheck
+from specbench import provenance, rulecheck
 from specbench.config import validate
 from specbench.datasets import encode_prompts, load_prompts
 from specbench.figures import distcheck_figure
@@ -25,8 +25,9 @@ RULECHECK_COLUMNS = (
 )
 
 
-def _rows(template: dict, results: list, **common) -> list:
-    return [{**template, **common, **r, "status": "ok"} for r in results]
+def _rows(template: dict, results: list) -> list:
+    """One row per result; each its own run_id (the run's, suffixed) so rows stay addressable."""
+    return [{**template, **r, "run_id": f"{template['run_id']}-{i}", "status": "ok"} for i, r in enumerate(results)]
 
 
 def toy_rules(cfg: DictConfig, row: dict) -> tuple[list, list]:
@@ -45,9 +46,7 @@ def toy_rules(cfg: DictConfig, row: dict) -> tuple[list, list]:
     finally:
         torch.set_num_threads(threads)
     template = {**row, "task": "toy_rules", "target": "toy", "dataset": None, "device": "cpu (1 thread)"}
-    rows = _rows(template, single) + _rows(template, markov)
-    for i, r in enumerate(rows):
-        r["run_id"] = f"{row['run_id']}-{i}"
+    rows = _rows(template, single + markov)
     lossless_s = sum(r["draw_s"] for r in single if r["rule_label"] != "control: missing residual")
     print("\n" + table(rows, RULECHECK_COLUMNS))
     print(f"\n{rc.draws:,} draws of each of the 4 rules: {lossless_s:.3f} s on one CPU thread (seed {cfg.seed})")
@@ -96,13 +95,9 @@ def real_rules(cfg: DictConfig, row: dict) -> tuple[list, list]:
                          tv_p_q=0.5 * float((p[j] - q[j]).abs().sum()))
             results += rows
             print(f"prompt {prompt.id} position {position}: {time.perf_counter() - started:.1f} s", flush=True)
-    from specbench import provenance
-
     template = {**row, "task": "real_rules", "drafter": f"layerskip{rc.draft_layers}",
                 "device": provenance.device_name(device), "num_prompts": len(prompts)}
     rows = _rows(template, results)
-    for i, r in enumerate(rows):
-        r["run_id"] = f"{row['run_id']}-{i}"
     print("\n" + table(rows, RULECHECK_COLUMNS))
     figure = Path(cfg.results_dir) / "figures" / "real_rules.png"
     pooled = _pool_positions(results)
