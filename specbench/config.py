@@ -71,6 +71,21 @@ class ThresholdedRuleConfig(RuleConfig):
 
 
 @dataclass
+class LoggerConfig:
+    name: str = "none"  # none | csv | wandb (specbench.loggers)
+
+
+@dataclass
+class WandbLoggerConfig(LoggerConfig):
+    name: str = "wandb"
+    project: str = "specbench"
+    entity: Optional[str] = None
+    mode: str = "offline"  # offline unless the user configures otherwise: online needs a login
+    dir: Optional[str] = None  # default: <results_dir>/wandb
+    tags: list = field(default_factory=list)
+
+
+@dataclass
 class RuleCheckConfig:
     """The rules on known distributions (task toy_rules / real_rules, specbench.rulecheck)."""
 
@@ -104,6 +119,8 @@ class SpecBenchConfig:
     seed: int = 0
     batch_size: int = 1
     results_dir: str = "results/local"
+    resume: bool = True  # skip a run whose config_hash already has an "ok" row in results_dir
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
     # End-to-end distribution check (specbench.e2e): distcheck_samples continuations of
     # distcheck_length tokens per prompt, baseline vs speculative, compared position by position.
     distcheck: bool = False
@@ -120,6 +137,8 @@ def register() -> None:
     cs = ConfigStore.instance()
     cs.store(name="specbench_schema", node=SpecBenchConfig)
     cs.store(group="schema", name="rulecheck", node=RuleCheckConfig)
+    cs.store(group="schema/logger", name="logger", node=LoggerConfig)
+    cs.store(group="schema/logger", name="wandb", node=WandbLoggerConfig)
     cs.store(group="schema/target", name="target", node=TargetConfig)
     cs.store(group="schema/dataset", name="dataset", node=DatasetConfig)
     cs.store(group="schema/drafter", name="ngram", node=NgramConfig)

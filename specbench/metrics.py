@@ -85,6 +85,7 @@ def summarize(records: list, stats: SpecStats, wall_s: float) -> dict:
         "acceptance_rate": stats.acceptance_rate,
         "tokens_per_round": (new_tokens - len(records)) / rounds if rounds else None,
         "accept_pos": stats.accept_pos if speculative else None,
+        "accept_reached": list(stats.reached) if speculative else None,  # denominators of accept_pos
         "tpot_ms": _median_ms(r.tpot_s for r in records),
         "ttft_ms": _median_ms(r.ttft_s for r in records),
         "throughput_tok_s": new_tokens / sum(r.ttft_s + r.decode_s for r in records),

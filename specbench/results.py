@@ -41,9 +41,12 @@ def atomic_write(path: Path, text: str) -> None:
         raise
 
 
+NOT_HASHED = ("results_dir", "resume", "logger")  # where and how results go, not what is measured
+
+
 def config_hash(config: dict) -> str:
-    """Hash of what defines a run: the resolved config less where its results go."""
-    semantic = {key: value for key, value in config.items() if key != "results_dir"}
+    """Hash of what defines a run: the resolved config less where and how results are kept."""
+    semantic = {key: value for key, value in config.items() if key not in NOT_HASHED}
     return hashlib.sha256(json.dumps(semantic, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -55,12 +58,21 @@ def jsonl(items) -> str:
     return "".join(json.dumps(item) + "\n" for item in items)
 
 
-def write_run(results_dir: str | Path, rows: list, config_yaml: str, records: list) -> Path:
-    run_dir = Path(results_dir) / "runs" / rows[0]["run_id"]
+def write_run(results_dir: str | Path, run_id: str, rows: list, config_yaml: str, records: list) -> Path:
+    run_dir = Path(results_dir) / "runs" / run_id
     atomic_write(run_dir / "requests.jsonl", jsonl(dataclasses.asdict(r) for r in records))
     atomic_write(run_dir / "config.yaml", config_yaml)
     atomic_write(run_dir / "rows.jsonl", jsonl(rows))  # last: its presence marks the run complete
     return run_dir
+
+
+def finished_rows(results_dir: str | Path, chash: str) -> list:
+    """The rows of an earlier run with this config_hash that ended "ok", or []."""
+    for path in sorted(Path(results_dir).glob("runs/*/rows.jsonl")):
+        rows = read_jsonl(path)
+        if rows and rows[0].get("config_hash") == chash and all(r.get("status") == "ok" for r in rows):
+            return rows
+    return []
 
 
 def read_jsonl(path: Path) -> list:

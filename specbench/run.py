@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import logging
@@ -14,14 +15,14 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
-from specbench import provenance
+from specbench import loggers, provenance
 from specbench.config import ConfigError, to_container, validate
 from specbench.datasets import encode_prompts, load_prompts
 from specbench.drafters.ngram import NgramDrafter
 from specbench.e2e import end_to_end
 from specbench.metrics import SpecStats, summarize
 from specbench.models import check_path, load_target
-from specbench.results import COLUMNS, atomic_write, config_hash, new_run_id, read_json, write_run
+from specbench.results import COLUMNS, atomic_write, config_hash, finished_rows, new_run_id, read_json, write_run
 from specbench.runner import Speculation, decode
 from specbench.sampling import SamplingParams
 
@@ -88,9 +89,17 @@ def _base_row(cfg: DictConfig, run_id: str, chash: str) -> dict:
         temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, batch_size=cfg.batch_size,
         dataset=cfg.dataset.name, git_sha=provenance.git_sha(), config_hash=chash,
         max_new_tokens=cfg.max_new_tokens, seed=cfg.seed, target_path=cfg.target.path,
-        timestamp=time.strftime("%Y-%m-%dT%H:%M:%S%z"), **rule_params, **provenance.versions(),
+        timestamp=time.strftime("%Y-%m-%dT%H:%M:%S%z"), hydra_dir=_hydra_dir(), **rule_params,
+        **provenance.versions(),
     )
     return row
+
+
+def _hydra_dir() -> Optional[str]:
+    """This job's Hydra output directory: how a sweep finds its own rows, whatever the launcher."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return HydraConfig.get().runtime.output_dir if HydraConfig.initialized() else None
 
 
 def run(cfg: DictConfig, row: dict) -> tuple[list, list]:
@@ -160,17 +169,38 @@ def first_difference(tokens: list, reference: list):
 
 def run_and_record(cfg: DictConfig, task=None) -> list:
     """Run a task, and write its rows whatever happens: a failure is one row with status
-    "failed" and the error. task(cfg, row) -> (rows, records); default: a decode run."""
+    "failed" and the error. task(cfg, row) -> (rows, records); default: a decode run.
+
+    With resume (the default) a config whose rows already ended "ok" in results_dir is not
+    run again: its earlier rows are returned."""
     config = to_container(cfg)
     chash = config_hash(config)
+    if cfg.resume and (done := finished_rows(cfg.results_dir, chash)):
+        log.info("skip: config %s already has ok rows (run %s); resume=false reruns it", chash, done[0]["run_id"])
+        return done
     row = _base_row(cfg, new_run_id(chash), chash)
     rows, records = [row], []
     try:
+        loggers.check(cfg)
         rows, records = (task or run)(cfg, row)
     except ConfigError as e:
         row.update(status="failed", error=str(e))
+    except KeyboardInterrupt:  # an interrupted job is recorded before the interrupt goes on
+        row.update(status="failed", error="KeyboardInterrupt: interrupted")
+        write_run(cfg.results_dir, row["run_id"], [row], OmegaConf.to_yaml(cfg), [])
+        raise
     except Exception as e:  # recorded, not swallowed: the caller decides the exit status
         log.error("run %s failed:\n%s", row["run_id"], traceback.format_exc())
         row.update(status="failed", error=f"{type(e).__name__}: {e}".splitlines()[0])
-    write_run(cfg.results_dir, rows, OmegaConf.to_yaml(cfg), records)
+        _release_memory()
+    write_run(cfg.results_dir, row["run_id"], rows, OmegaConf.to_yaml(cfg), records)
+    if rows[0]["status"] == "ok":
+        loggers.log_rows(cfg, rows)
     return rows
+
+
+def _release_memory() -> None:
+    """After a failure (CUDA out of memory, say), let the next job of the sweep start clean."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()

@@ -1,0 +1,138 @@
+"""The sweep layer: atomic rows, resume, failure isolation, loggers and a parallel launcher."""
+
+import os
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from specbench import results as results_module
+from specbench import run as run_module
+from specbench.analysis import load_results
+from specbench.config import register
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+register()
+
+
+def cfg_of(tmp_path, *overrides):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose("config", overrides=[f"results_dir={tmp_path}", *overrides])
+
+
+def fake_task(calls):
+    def task(cfg, row):
+        calls.append(row["run_id"])
+        return [{**row, "status": "ok", "new_tokens": 3}], []
+
+    return task
+
+
+def test_resume_skips_runs_that_ended_ok_and_resume_false_reruns(tmp_path):
+    calls = []
+    cfg = cfg_of(tmp_path, "+drafter=ngram", "k=2")
+    first = run_module.run_and_record(cfg, fake_task(calls))
+    again = run_module.run_and_record(cfg, fake_task(calls))
+    assert len(calls) == 1 and again[0]["run_id"] == first[0]["run_id"]
+    # results_dir, resume and logger do not change what a run measures: same hash
+    run_module.run_and_record(cfg_of(tmp_path, "+drafter=ngram", "k=2", "logger=csv"), fake_task(calls))
+    assert len(calls) == 1
+    run_module.run_and_record(cfg_of(tmp_path, "+drafter=ngram", "k=2", "resume=false"), fake_task(calls))
+    run_module.run_and_record(cfg_of(tmp_path, "+drafter=ngram", "k=3"), fake_task(calls))
+    assert len(calls) == 3 and len(load_results(tmp_path)) == 3
+
+
+def test_a_failed_run_is_recorded_and_rerun_on_resume(tmp_path):
+    def out_of_memory(cfg, row):
+        raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore detail")
+
+    cfg = cfg_of(tmp_path, "+drafter=ngram")
+    rows = run_module.run_and_record(cfg, out_of_memory)
+    assert rows[0]["status"] == "failed"
+    assert rows[0]["error"] == "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    calls = []
+    run_module.run_and_record(cfg, fake_task(calls))  # not "ok" before: resume runs it again
+    assert len(calls) == 1
+    assert sorted(load_results(tmp_path).status) == ["failed", "ok"]
+
+
+def test_an_interrupted_run_is_recorded_then_the_interrupt_goes_on(tmp_path):
+    def interrupted(cfg, row):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_module.run_and_record(cfg_of(tmp_path), interrupted)
+    rows = load_results(tmp_path)
+    assert rows.status.tolist() == ["failed"] and rows.error[0] == "KeyboardInterrupt: interrupted"
+
+
+def test_a_crash_while_writing_leaves_no_half_row(tmp_path, monkeypatch):
+    real_replace = os.replace
+
+    def crash_on_rows(src, dst):
+        if str(dst).endswith("rows.jsonl"):
+            raise OSError("disk full")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(results_module.os, "replace", crash_on_rows)
+    with pytest.raises(OSError):
+        run_module.run_and_record(cfg_of(tmp_path), fake_task([]))
+    run_dir = next((tmp_path / "runs").iterdir())
+    assert not (run_dir / "rows.jsonl").exists()
+    assert not [p for p in run_dir.iterdir() if p.name.endswith(".tmp")]  # temporaries removed
+    assert load_results(tmp_path).empty  # an incomplete run is not listed
+
+
+def test_csv_logger_writes_a_view_of_every_row(tmp_path):
+    run_module.run_and_record(cfg_of(tmp_path, "logger=csv", "k=2", "+drafter=ngram"), fake_task([]))
+    run_module.run_and_record(cfg_of(tmp_path, "logger=csv", "k=3", "+drafter=ngram"), fake_task([]))
+    text = (tmp_path / "results.csv").read_text().splitlines()
+    assert text[0].startswith("run_id,task,target") and len(text) == 3
+
+
+def test_wandb_logger_is_offline_by_default_and_imported_only_when_selected(tmp_path, monkeypatch):
+    calls = {}
+
+    class Run:
+        summary = {}
+
+        def log(self, values):
+            calls.setdefault("log", []).append(values)
+
+        def finish(self):
+            calls["finished"] = True
+
+    fake = types.ModuleType("wandb")
+    fake.__spec__ = types.SimpleNamespace(name="wandb")
+
+    def init(**kwargs):
+        calls["init"] = kwargs
+        return Run()
+
+    fake.init = init
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: object() if name == "wandb" else None)
+    run_module.run_and_record(cfg_of(tmp_path, "logger=wandb"), fake_task([]))
+    assert calls["init"]["mode"] == "offline" and calls["init"]["project"] == "specbench"
+    assert calls["log"][0]["new_tokens"] == 3 and calls["finished"]
+
+
+def test_wandb_without_the_package_names_the_extra(tmp_path, monkeypatch):
+    monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: None)
+    rows = run_module.run_and_record(cfg_of(tmp_path, "logger=wandb"), fake_task([]))
+    assert rows[0]["status"] == "failed"
+    assert rows[0]["error"] == "logger=wandb: needs the wandb package: pip install -e '.[wandb]'"
+
+
+def test_joblib_launcher_runs_jobs_in_parallel_and_the_parent_reports(tiny_checkpoint, tmp_path):
+    cmd = [sys.executable, "-m", "specbench", "-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
+           f"target.path={tiny_checkpoint}", "target.name=tiny", f"results_dir={tmp_path}",
+           "dataset.num_prompts=1", "max_new_tokens=8", "+drafter=ngram", "k=1,2"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = load_results(tmp_path)
+    assert sorted(rows.k) == [1, 2] and (rows.status == "ok").all()
+    assert proc.stdout.count(" ngram ") == 2  # the summary table, printed by the parent process
