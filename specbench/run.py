@@ -21,7 +21,7 @@ from specbench.datasets import encode_prompts, load_prompts
 from specbench.drafters.ngram import NgramDrafter
 from specbench.e2e import end_to_end
 from specbench.metrics import SpecStats, summarize
-from specbench.models import check_path, load_target
+from specbench.models import check_path, checkpoint_dir, load_target
 from specbench.results import COLUMNS, atomic_write, config_hash, finished_rows, new_run_id, read_json, write_run
 from specbench.runner import Speculation, decode
 from specbench.sampling import SamplingParams
@@ -36,6 +36,19 @@ def build_drafter(cfg: DictConfig):
     if cfg.name not in DRAFTERS:
         raise ConfigError("drafter", cfg.name, f"valid drafters: {', '.join(DRAFTERS)}")
     return DRAFTERS[cfg.name](cfg)
+
+
+def check_vocab(cfg: DictConfig, drafter) -> None:
+    """A drafter with a vocabulary of its own (a draft model) must share the target's: the rules
+    compare p and q token by token. Read from the target's config, before its weights load."""
+    draft_vocab = getattr(drafter, "vocab_size", None)
+    if draft_vocab is None:
+        return  # model-free drafters (n-gram) propose the target's own token ids
+    from transformers import AutoConfig
+
+    target_vocab = AutoConfig.from_pretrained(checkpoint_dir(cfg.target)).vocab_size
+    if draft_vocab != target_vocab:
+        raise ConfigError("drafter.vocab_size", draft_vocab, f"differs from the target's vocabulary ({target_vocab})")
 
 
 def rule_of(cfg: DictConfig) -> tuple[str, dict]:
@@ -110,6 +123,7 @@ def run(cfg: DictConfig, row: dict) -> tuple[list, list]:
     check_path(cfg.target)
     prompts = load_prompts(cfg.dataset)
     drafter = build_drafter(cfg.drafter) if cfg.drafter is not None else None
+    check_vocab(cfg, drafter)
     rule, rule_params = rule_of(cfg)
 
     model, tokenizer = load_target(cfg.target)

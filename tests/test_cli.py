@@ -167,3 +167,18 @@ def test_toy_rules_experiment_prints_writes_rows_and_a_figure(tmp_path):
     assert (rows.task == "toy_rules").all() and len(rows) == 8  # 5 rules + 3 Markov chains
     assert rows.run_id.is_unique and (rows.seed == 20261031).all()
     assert (tmp_path / "figures" / "toy_rules.png").stat().st_size > 10_000
+
+
+def test_a_draft_vocabulary_that_differs_stops_before_the_target_loads(monkeypatch, tiny_checkpoint, tmp_path):
+    class DraftModel:  # stands in for a draft model whose tokenizer is not the target's
+        name, vocab_size = "draft_model", 100
+
+    monkeypatch.setitem(run_module.DRAFTERS, "ngram", lambda cfg: DraftModel())
+    monkeypatch.setattr(run_module, "load_target", lambda *_: pytest.fail("model loaded"))
+    cfg = cfg_of(f"target.path={tiny_checkpoint}", "+drafter=ngram", f"results_dir={tmp_path}")
+    with pytest.raises(ConfigError) as e:
+        run_module.run(cfg, {})
+    assert str(e.value) == "drafter.vocab_size=100: differs from the target's vocabulary (96)"
+    DraftModel.vocab_size = 96  # the same vocabulary passes the check and goes on to load
+    with pytest.raises(pytest.fail.Exception, match="model loaded"):
+        run_module.run(cfg, {})
