@@ -25,23 +25,28 @@ def tiny_tokenizer(chat: bool):
     return tok
 
 
-@pytest.fixture(scope="session")
-def tiny_model():
-    """A 2-layer Llama with random fp32 weights: fast, and deterministic for a fixed seed."""
-    torch.manual_seed(0)
+def tiny_llama(seed: int, scale: float, max_positions: int = 512, bos: int = 0, eos: int = 1) -> LlamaForCausalLM:
+    """A 2-layer Llama over 96 tokens with random fp32 weights, deterministic for a seed.
+
+    The weight matrices are multiplied by `scale`: the default init gives near-uniform logits;
+    8 gives clear greedy argmaxes, 16 moderate peaks (top-1 about 0.4)."""
+    torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-        bos_token_id=0, eos_token_id=1, pad_token_id=1,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_positions,
+        bos_token_id=bos, eos_token_id=eos, pad_token_id=eos,
     )
     model = LlamaForCausalLM(config).eval()
-    # Larger weights than the default init so that the logits are far from uniform: greedy
-    # decoding then has clear argmaxes and sampled text is not plain noise.
     with torch.no_grad():
         for p in model.parameters():
             if p.dim() > 1:
-                p.mul_(8.0)
+                p.mul_(scale)
     return model
+
+
+@pytest.fixture(scope="session")
+def tiny_model():
+    return tiny_llama(seed=0, scale=8.0)
 
 
 class ScriptedDrafter:
@@ -98,17 +103,7 @@ def tiny_checkpoint(tmp_path_factory) -> Path:
     as target.path like any Hugging Face checkpoint. The model's vocabulary is padded past the
     tokenizer's, as real checkpoints often are."""
     tokenizer = tiny_tokenizer(chat=True)
-    torch.manual_seed(1)
-    config = LlamaConfig(
-        vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-    )
-    model = LlamaForCausalLM(config)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() > 1:
-                p.mul_(8.0)
+    model = tiny_llama(seed=1, scale=8.0, max_positions=1024, bos=tokenizer.bos_token_id, eos=tokenizer.eos_token_id)
     path = tmp_path_factory.mktemp("tiny-llama")
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)

@@ -12,9 +12,8 @@ import numpy as np
 import pytest
 import torch
 from scipy import stats
-from transformers import LlamaConfig, LlamaForCausalLM
 
-from conftest import SelfDrafter
+from conftest import SelfDrafter, tiny_llama
 from specbench import distcheck, rulecheck
 from specbench.e2e import _mark_ended, end_to_end
 from specbench.engines.hf import HFEngine
@@ -101,17 +100,7 @@ def test_markov_chain_joint_matches_exactly(rule):
 def peaked_model():
     """Random weights scaled so next-token distributions have moderate peaks (top-1 about 0.4):
     the regime where a relaxed rule visibly over-accepts."""
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=512, bos_token_id=0, eos_token_id=1, pad_token_id=1,
-    )
-    model = LlamaForCausalLM(config).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() > 1:
-                p.mul_(16.0)
-    return model
+    return tiny_llama(seed=0, scale=16.0)
 
 
 def e2e(model, rule, samples, seed, **params):
