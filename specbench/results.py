@@ -21,10 +21,11 @@ from pathlib import Path
 from typing import Any
 
 COLUMNS = (
-    "run_id", "task", "target", "drafter", "rule", "k", "temperature", "top_k", "top_p",
+    "run_id", "task", "target", "drafter", "rule", "k", "topk", "num_draft_tokens", "temperature", "top_k", "top_p",
     "batch_size", "dataset", "num_prompts", "new_tokens", "rounds", "drafted_tokens",
     "accepted_tokens", "acceptance_rate", "tokens_per_round", "accept_pos", "tpot_ms", "ttft_ms",
-    "throughput_tok_s", "wall_s", "greedy_mismatches", "speedup", "device", "torch_version",
+    "throughput_tok_s", "wall_s", "kv_slots_used", "kv_slots_reserved_vllm", "kv_slots_reserved_sglang",
+    "greedy_mismatches", "speedup", "device", "torch_version",
     "transformers_version", "git_sha", "config_hash", "status", "error",
 )
 

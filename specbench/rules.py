@@ -36,6 +36,7 @@ from specbench.sampling import sample
 
 RULES = ("standard", "onehot", "target_only", "thresholded", "greedy")
 NEEDS_DRAFT_PROBS = ("standard",)
+SIBLING_RULES = ("standard", "onehot", "target_only", "thresholded", "greedy")  # all take trees
 
 
 def _target_only_choice(
@@ -75,12 +76,14 @@ def verify_siblings(
     target_only / thresholded: one coin, inverse-CDF over the candidates first; when every
     candidate is refused, draw from p with the candidates zeroed. Lossless at thresholds 1.0:
     P(emit c_j) = p(c_j), and any other y has (1 - sum p(c)) * p(y) / (1 - sum p(c)) = p(y).
+    onehot / standard: recursive rejection sampling (SpecInfer), one coin per candidate: accept
+    c_j with r_j(c_j), else r_{j+1} = r_j with c_j zeroed and renormalised. Siblings are the
+    drafter's top-k, a deterministic choice, so each one's q is the point mass on it and the
+    two rules coincide. P(emit c_j) = prod_{i<j} (1 - r_i(c_i)) r_j(c_j) = p(c_j): lossless.
     greedy: the first candidate equal to argmax p, else the argmax.
     """
-    if rule not in ("target_only", "thresholded", "greedy"):
-        raise ValueError(
-            f"rule={rule}: sibling candidates (a tree level) take target_only, thresholded or greedy"
-        )
+    if rule not in SIBLING_RULES:
+        raise ValueError(f"rule={rule}: sibling candidates (a tree level) take {', '.join(SIBLING_RULES)}")
     if rule != "thresholded" and (threshold_single, threshold_acc) != (1.0, 1.0):
         raise ValueError(f"rule={rule} takes no thresholds; use rule thresholded")
     B, V = target_probs.shape
@@ -91,6 +94,8 @@ def verify_siblings(
         hit = (c == target_probs.argmax(-1, keepdim=True)) & valid  # [B, m]
         accepted = torch.where(hit.any(-1), hit.long().argmax(-1), -1)
         return SiblingResult(token=target_probs.argmax(-1), accepted=accepted)
+    if rule in ("onehot", "standard"):
+        return _recursive_rejection(target_probs, c, valid, generator)
     p_c = target_probs.gather(-1, c).masked_fill(~valid, 0.0)  # [B, m]
     coin = torch.rand(B, generator=generator, device=target_probs.device)
     accepted = _target_only_choice(p_c, coin, threshold_single, threshold_acc)  # [B]
@@ -101,6 +106,73 @@ def verify_siblings(
     recovered = sample(residual, generator)
     token = torch.where(accepted >= 0, c[rows, accepted.clamp(min=0)], recovered)
     return SiblingResult(token=token, accepted=accepted)
+
+
+def _recursive_rejection(p: torch.Tensor, c: torch.Tensor, valid: torch.Tensor, generator) -> SiblingResult:
+    """p: [B, V]; c, valid: [B, m] -> the first accepted sibling, or a draw from the residual."""
+    B, m = c.shape
+    residual = p.clone()  # [B, V], unnormalised: r_j = residual / residual.sum()
+    accepted = torch.full((B,), -1, dtype=torch.int64, device=p.device)
+    coins = torch.rand((B, m), generator=generator, device=p.device)
+    for j in range(m):
+        mass = residual.sum(-1)  # [B]
+        r_c = residual.gather(-1, c[:, j : j + 1]).squeeze(-1)  # [B]
+        take = (accepted < 0) & valid[:, j] & (coins[:, j] * mass < r_c)
+        accepted = torch.where(take, j, accepted)
+        tried = (accepted < 0) & valid[:, j]
+        residual = torch.where(tried.unsqueeze(-1), residual.scatter(-1, c[:, j : j + 1], 0.0), residual)
+    residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, p)
+    recovered = sample(residual, generator)
+    rows = torch.arange(B, device=p.device)
+    token = torch.where(accepted >= 0, c[rows, accepted.clamp(min=0)], recovered)
+    return SiblingResult(token=token, accepted=accepted)
+
+
+@dataclass(frozen=True)
+class TreeResult:
+    path: list  # accepted tree nodes, the root (0) first
+    tokens: list  # emitted: the accepted drafts, then the recovered or bonus token
+    tried: int  # depths at which drafts were tested: the accepted ones, plus a refused level
+
+    @property
+    def num_accepted(self) -> int:
+        return len(self.path) - 1
+
+
+def verify_tree(
+    rule: str,
+    target_probs: torch.Tensor,
+    node_tokens: torch.Tensor,
+    tree,
+    *,
+    generator: Optional[torch.Generator] = None,
+    threshold_single: float = 1.0,
+    threshold_acc: float = 1.0,
+) -> TreeResult:
+    """Walk one request's draft tree from the root, a level at a time.
+
+    target_probs: [N, V] p at every node (the verify forward under the tree mask); node_tokens:
+    [N] (node 0 the root); tree: specbench.tree.TreeBuffers. At each node its children are
+    tried in order by `verify_siblings`; an accepted child becomes the next node, a refusal
+    emits the recovered token and ends the round, and a leaf emits a bonus token from p there.
+    """
+    path, emitted = [0], []
+    while True:
+        node = path[-1]
+        children = tree.children(node)
+        p = target_probs[node : node + 1]  # [1, V]
+        if not children:  # a leaf: the bonus token
+            bonus = p.argmax(-1) if rule == "greedy" else sample(p, generator)
+            return TreeResult(path=path, tokens=emitted + [int(bonus)], tried=len(path) - 1)
+        result = verify_siblings(
+            rule, p, node_tokens[children].unsqueeze(0), generator=generator,
+            threshold_single=threshold_single, threshold_acc=threshold_acc,
+        )
+        j = int(result.accepted[0])
+        emitted.append(int(result.token[0]))
+        if j < 0:
+            return TreeResult(path=path, tokens=emitted, tried=len(path))
+        path.append(children[j])
 
 
 @dataclass(frozen=True)

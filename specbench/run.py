@@ -18,7 +18,13 @@ from tqdm.auto import tqdm
 from specbench import loggers, provenance
 from specbench.config import ConfigError, to_container, validate
 from specbench.datasets import encode_prompts, load_prompts
+from specbench.drafters.draft_model import DraftModelDrafter
+from specbench.drafters.eagle import EagleDrafter
+from specbench.drafters.layerskip import LayerSkipDrafter
 from specbench.drafters.ngram import NgramDrafter
+from specbench.drafters.ngram_trie import NgramTrieDrafter
+from specbench.drafters.synthetic import SyntheticDrafter
+from specbench.kvaccount import Policy, summarize_slots
 from specbench.e2e import end_to_end
 from specbench.metrics import SpecStats, summarize
 from specbench.models import check_path, checkpoint_dir, load_target
@@ -28,14 +34,42 @@ from specbench.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
 
-DRAFTERS = {"ngram": NgramDrafter.from_config}
+DRAFTERS = {
+    "ngram": NgramDrafter.from_config,
+    "ngram_trie": NgramTrieDrafter.from_config,
+    "draft_model": DraftModelDrafter.from_config,
+    "layerskip": LayerSkipDrafter.from_config,
+    "eagle": EagleDrafter.from_config,
+    "eagle3": EagleDrafter.from_config,
+    "synthetic": SyntheticDrafter.from_config,
+}
+MODEL_FREE = ("ngram", "ngram_trie")  # drafters without a model: no draft KV, no lookahead slots
+CHAIN_ONLY = ("ngram", "synthetic")  # drafters that cannot propose trees
 WARMUP_TOKENS = 8
 
 
-def build_drafter(cfg: DictConfig):
+def build_drafter(cfg: DictConfig, params: SamplingParams, seed: int):
+    """The drafter, its parameters checked; model weights load later, in `attach`."""
     if cfg.name not in DRAFTERS:
         raise ConfigError("drafter", cfg.name, f"valid drafters: {', '.join(DRAFTERS)}")
-    return DRAFTERS[cfg.name](cfg)
+    if cfg.name in MODEL_FREE:
+        return DRAFTERS[cfg.name](cfg)
+    return DRAFTERS[cfg.name](cfg, params=params, seed=seed)
+
+
+def tree_shape(cfg: DictConfig) -> tuple[int, Optional[int]]:
+    """(topk, num_draft_tokens) of the run: a chain of k without a tree config."""
+    if cfg.get("tree") is None:
+        return 1, None
+    return cfg.tree.topk, cfg.tree.num_draft_tokens
+
+
+def kv_policy(cfg: DictConfig) -> Optional[Policy]:
+    if cfg.drafter is None:
+        return None
+    topk, tokens = tree_shape(cfg)
+    lookahead = 0 if cfg.drafter.name in MODEL_FREE else cfg.k
+    return Policy(k=cfg.k, topk=topk, num_draft_tokens=tokens, lookahead=lookahead)
 
 
 def check_vocab(cfg: DictConfig, drafter) -> None:
@@ -99,6 +133,7 @@ def _base_row(cfg: DictConfig, run_id: str, chash: str) -> dict:
     row.update(
         run_id=run_id, task="decode", target=cfg.target.name,
         drafter=cfg.drafter.name if speculative else None, rule=rule, k=cfg.k if speculative else None,
+        topk=tree_shape(cfg)[0] if speculative else None, num_draft_tokens=tree_shape(cfg)[1] if speculative else None,
         temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, batch_size=cfg.batch_size,
         dataset=cfg.dataset.name, git_sha=provenance.git_sha(), config_hash=chash,
         max_new_tokens=cfg.max_new_tokens, seed=cfg.seed, target_path=cfg.target.path,
@@ -122,19 +157,22 @@ def run(cfg: DictConfig, row: dict) -> tuple[list, list]:
     validate(cfg)
     check_path(cfg.target)
     prompts = load_prompts(cfg.dataset)
-    drafter = build_drafter(cfg.drafter) if cfg.drafter is not None else None
+    params = SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p)
+    drafter = build_drafter(cfg.drafter, params, cfg.seed) if cfg.drafter is not None else None
     check_vocab(cfg, drafter)
     rule, rule_params = rule_of(cfg)
 
     model, tokenizer = load_target(cfg.target)
+    if hasattr(drafter, "attach"):
+        drafter.attach(model)
     from specbench.engines.hf import HFEngine
 
     engine = HFEngine(model)
     device = provenance.device_name(engine.device)
     inputs = encode_prompts(prompts, tokenizer)
-    params = SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p)
     eos = eos_ids(tokenizer, model)
-    spec = Speculation(drafter, rule, cfg.k, rule_params) if drafter is not None else None
+    topk, num_draft_tokens = tree_shape(cfg)
+    spec = Speculation(drafter, rule, cfg.k, rule_params, topk, num_draft_tokens) if drafter is not None else None
     kw = dict(cfg=cfg, params=params, eos=eos)
 
     # Warm-up, excluded from every number: first-call allocations and kernel selection.
@@ -156,8 +194,10 @@ def run(cfg: DictConfig, row: dict) -> tuple[list, list]:
         records, stats = decode_all(engine, inputs, prompts, **kw, spec=spec, desc=row["run_id"])
 
     row.update(summarize(records, stats, wall_s=time.perf_counter() - started))
+    row.update(summarize_slots(records, kv_policy(cfg)))
     divergence = [first_difference(r.tokens, ref) for r, ref in zip(records, baseline["tokens"])]
-    compared = spec is not None and params.greedy
+    # The synthetic control dictates acceptance: its text is not the target's by design.
+    compared = spec is not None and params.greedy and not hasattr(drafter, "forced_acceptance")
     row.update(
         num_prompts=len(prompts), device=device, dtype=str(next(model.parameters()).dtype), baseline=str(base_file.name),
         greedy_mismatches=sum(d is not None for d in divergence) if compared else None,

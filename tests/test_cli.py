@@ -96,7 +96,7 @@ def test_empty_prompt_set_stops_before_any_model_work(monkeypatch, tmp_path):
 
 
 def test_unknown_group_option_lists_the_valid_ones(tmp_path):
-    for arg, valid in (("+drafter=medusa", "ngram"), ("dataset=gsm8k", "alpaca_eval, humaneval, mt_bench"),
+    for arg, valid in (("+drafter=medusa", "draft_model, eagle, eagle3, layerskip, ngram, ngram_trie, synthetic"), ("dataset=gsm8k", "alpaca_eval, humaneval, mt_bench"),
                        ("experiment=nope", "greedy_equality, ngram_k, real_rules, toy_rules")):
         proc = cli(arg, f"results_dir={tmp_path}")
         assert proc.returncode == 2

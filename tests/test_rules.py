@@ -171,7 +171,7 @@ def test_siblings_exact_cases():
     greedy = verify_siblings("greedy", p, cands)
     assert greedy.accepted.tolist() == [1, -1, -1] and greedy.token.tolist() == [2, 0, 1]
     with pytest.raises(ValueError, match="tree level"):
-        verify_siblings("standard", p, cands)
+        verify_siblings("typical", p, cands)
 
 
 def test_siblings_tree_of_three_is_lossless_and_accepts_their_mass():

@@ -1,6 +1,17 @@
-"""The drafter protocol: every drafter proposes up to k tokens per round from one state object.
+"""The drafter protocol: every drafter proposes a chain or a tree of draft tokens from one state.
 
-Letters: B requests, k draft tokens per round, V vocabulary, T tokens so far.
+Letters: B requests, M draft nodes, V vocabulary, T tokens so far, D feature width.
+
+A proposal is a chain or a tree over M draft nodes. Node 0 is the *root*: the last emitted
+token, which the target has not seen yet. Draft node i (column i of `tokens`) is tree node i+1,
+and `parents[:, i]` names its parent in 0..M (0: the root). Parents come before children and
+siblings appear in the order the rules try them (the drafter's preference, best first). A chain
+is the tree whose parents are 0, 1, ..., M-1; it is given as `parents=None`.
+
+Drafters hold no per-round bookkeeping that the runner must call: each proposal is a function
+of the state, which carries the whole history. A drafter with a KV cache of its own keeps it
+keyed by the tokens it has seen and crops it to the common prefix with the new history (that is
+how it rolls back rejected drafts).
 """
 
 from __future__ import annotations
@@ -14,19 +25,39 @@ import torch
 @dataclass(frozen=True)
 class DraftState:
     tokens: list[torch.Tensor]  # B x [T_b] int64, prompt + generated so far (the last one not yet verified)
-    k: int  # draft tokens wanted per request
+    k: int  # draft depth: tokens per chain, steps per tree (SGLang's speculative_num_steps)
+    topk: int = 1  # children expanded per node (SGLang's eagle_topk); 1 asks for a chain
+    num_draft_tokens: Optional[int] = None  # tree nodes including the root; None: k * topk + 1
+    # B x [T_b - 1, D] the target's features at every verified position (drafters that declare
+    # `feature_layers`), None for the others. Row t is the target's state after reading token t.
+    features: Optional[list[torch.Tensor]] = None
+    request_ids: tuple = ()  # B ids, stable over a request's rounds (cross-request drafters)
+
+    @property
+    def max_nodes(self) -> int:
+        """Draft nodes wanted, the root excluded."""
+        return (self.num_draft_tokens or self.k * self.topk + 1) - 1
 
 
 @dataclass(frozen=True)
 class DraftProposal:
-    tokens: torch.Tensor  # [B, k] int64 draft tokens, -1 past each request's num_tokens
-    num_tokens: torch.Tensor  # [B] int64 in 0..k; 0 means no proposal this round
-    # [B, k, V] the distribution each token was drawn from, or None for a deterministic drafter
-    # (n-gram, argmax): then q is the point mass on the token, and the rules treat it so.
+    tokens: torch.Tensor  # [B, M] int64 draft tokens, -1 past each request's num_tokens
+    num_tokens: torch.Tensor  # [B] int64 in 0..M; 0 means no proposal this round
+    # [B, M, V] the distribution each token was drawn from, or None for a deterministic drafter
+    # (n-gram, argmax, top-k trees): then q is the point mass on the token, and the rules treat it so.
     probs: Optional[torch.Tensor] = None
+    parents: Optional[torch.Tensor] = None  # [B, M] int64 in 0..M, None for a chain
+
+    @property
+    def is_chain(self) -> bool:
+        return self.parents is None
 
 
 class Drafter(Protocol):
     name: str
+    # Hidden-state indices of the target (as in transformers' output_hidden_states: 0 is the
+    # embedding output, L the final-norm output) that the drafter reads, concatenated in order.
+    # Empty for drafters that read tokens only.
+    feature_layers: tuple = ()
 
     def propose(self, state: DraftState) -> DraftProposal: ...

@@ -1,0 +1,315 @@
+"""SGLang's NGRAM drafter: one n-gram trie shared by every request of the run.
+
+vLLM's ``ngram`` drafter (specbench.drafters.ngram) searches a request's own history and proposes
+one chain. SGLang's NGRAM keeps a single trie of everything any request has said: it can draft
+what *another* request wrote (shared boilerplate, repeated answers, code), and it proposes a
+tree, several continuations at once, which the target verifies in one forward.
+
+Letters: B requests, M draft nodes (state.max_nodes), k draft depth, T tokens so far,
+L max_trie_depth, n a match window (suffix length).
+
+Insertion. The trie holds, for every start position of every history, the path of the next up
+to L tokens: every n-gram of length <= L is a path from the root, and each node counts how often
+its n-gram occurred (so a child's count is how often that continuation followed its context).
+Each call first inserts, for every request, the tokens it has not inserted yet: every n-gram
+ending at a new position gets one count. Requests are told apart by `state.request_ids` (the
+batch index when it is empty); a request whose history is not an extension of what it inserted
+before (an id reused for a new prompt) starts over: its whole history counts again, as a new
+request saying it again would. Every request of the batch is inserted before any is matched.
+
+Matching and drafting (SGLang's BFS match type, with the differences listed below). For every
+window n from min(T, max_match_window) down to min_match_window, walk the trie along the last n
+tokens of the history; every window that is found (the history's own suffix always is, so only
+windows whose node has children add anything) is expanded breadth-first into one shared draft
+tree, longest window first. Node 0 of the tree is the last token, so each window's node stands
+for the root; a token already present under the same draft parent is reused, so shorter windows
+add siblings and extend branches the longer ones started. A trie node at depth D (the window
+plus the levels below it) keeps its first
+    breadth(D) = max(1, floor(min_bfs_breadth + (max_bfs - min_bfs) * (max_match_window - D)
+                                                / (max_match_window - min_match_window + 1)))
+children, SGLang's rule: long, specific contexts give narrow trees (min_bfs_breadth at D =
+max_match_window), short ones bushy trees (max_bfs_breadth itself is approached, never reached). Drafting stops at M nodes; nodes deeper than k are
+not drafted. The tree is then laid out level by level (as SGLang's fillResult does), siblings
+in the order they were drafted, which is the order the acceptance rules try them.
+
+Differences from SGLang's v0.5-series ngram cache (python/sglang/srt/speculative/cpp_ngram/ngram.cpp
+and speculative/ngram_worker.py), whose defaults NgramTrieConfig copies:
+  * Children are ranked by count, most frequent first, ties to the most recently touched. SGLang's
+    default BFS match type ranks by recency alone (its per-parent LRU list); counts rank children
+    only in its PROB match type, which also expands best-first by normalised count instead.
+  * Every token is inserted once, the prompt included. SGLang re-inserts the last L tokens after
+    each verify step (so counts grow with the number of steps a context stays in that window)
+    and leaves the rest of the prompt out.
+  * Depth is bounded by state.k (SGLang bounds it by the trie depth only), and a request with no
+    continuation proposes nothing instead of padding to num_draft_tokens.
+
+Capacity. `capacity` bounds the trie's nodes, the root excluded (SGLang counts its root too).
+Inserting a path touches every node on it, deepest first, so a node is always touched more
+recently than its descendants and the least recently used node is a leaf, as in SGLang's global
+LRU list. Before a path is inserted its existing nodes are touched, then least recently used
+leaves are evicted until the nodes it creates fit, so the path being inserted never loses a node
+(capacity >= L is required). An evicted n-gram that occurs again restarts at count 1.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import OrderedDict, deque
+from typing import Hashable, Optional, Sequence
+
+import torch
+
+from specbench.config import ConfigError, NgramTrieConfig
+from specbench.drafters.base import DraftProposal, DraftState
+
+
+class _Node:
+    """One trie node: the n-gram spelled by the tokens from the root down to it."""
+
+    __slots__ = ("token", "parent", "children", "count", "stamp")
+
+    def __init__(self, token: int, parent: Optional[_Node]):
+        self.token = token
+        self.parent = parent
+        self.children: Optional[dict[int, _Node]] = None  # token -> node, made on the first child
+        self.count = 0  # occurrences of this n-gram in the inserted text
+        self.stamp = 0  # clock value of the last touch; larger is more recent
+
+
+class NgramTrie:
+    """The shared trie: counted n-grams of length <= max_depth, at most `capacity` nodes."""
+
+    def __init__(self, capacity: int, max_depth: int):
+        assert capacity >= max_depth >= 1, (capacity, max_depth)
+        self.capacity = capacity
+        self.max_depth = max_depth
+        self.root = _Node(-1, None)
+        self._lru: OrderedDict[_Node, None] = OrderedDict()  # every node but the root, least recent first
+        self._clock = 0
+
+    def __len__(self) -> int:
+        """Nodes held, the root excluded."""
+        return len(self._lru)
+
+    def find(self, ngram: Sequence[int]) -> Optional[_Node]:
+        """The node of an n-gram, or None when it is not in the trie."""
+        node = self.root
+        for token in ngram:
+            node = node.children.get(token) if node.children else None
+            if node is None:
+                return None
+        return node
+
+    def count(self, ngram: Sequence[int]) -> int:
+        """How often the n-gram occurred in the inserted text (0 when absent or evicted)."""
+        node = self.find(ngram)
+        return 0 if node is None else node.count
+
+    def insert(self, tokens: Sequence[int], first_new: int) -> None:
+        """Count every n-gram (length <= max_depth) of `tokens` that ends at a position >= first_new.
+
+        tokens: [t] ints, the tail of a history; positions before first_new were inserted before.
+        The n-grams starting at s are the prefixes of tokens[s : s + max_depth], one path.
+        """
+        L = self.max_depth
+        for s in range(max(0, first_new - L + 1), len(tokens)):
+            end = min(s + L, len(tokens))
+            self._insert_path(tokens[s:end], new_depth=max(1, first_new - s + 1))
+
+    def _insert_path(self, path: Sequence[int], new_depth: int) -> None:
+        """Walk `path` from the root, creating missing nodes; nodes at depth >= new_depth
+        (1-based) are new occurrences and get one count. A node created above new_depth (its
+        n-gram was evicted) restarts at count 1."""
+        nodes: list[_Node] = []  # the path's nodes: the existing prefix, then the created ones
+        node = self.root
+        for token in path:
+            node = node.children.get(token) if node.children else None
+            if node is None:
+                break
+            nodes.append(node)
+        self._touch(nodes)  # most recent now: eviction below cannot pick them
+        while len(self._lru) + len(path) - len(nodes) > self.capacity:
+            self._evict()
+        for depth, node in enumerate(nodes, start=1):
+            if depth >= new_depth:
+                node.count += 1
+        parent = nodes[-1] if nodes else self.root
+        for token in path[len(nodes):]:
+            child = _Node(token, parent)
+            child.count = 1
+            if parent.children is None:
+                parent.children = {}
+            parent.children[token] = child
+            nodes.append(child)
+            parent = child
+        self._touch(nodes)
+
+    def _touch(self, nodes: list[_Node]) -> None:
+        """Mark a root-to-node path used, deepest first, so ancestors end up the most recent."""
+        for node in reversed(nodes):
+            self._clock += 1
+            node.stamp = self._clock
+            self._lru[node] = None
+            self._lru.move_to_end(node)
+
+    def _evict(self) -> None:
+        """Drop the least recently used node, always a leaf (see _touch)."""
+        node, _ = self._lru.popitem(last=False)
+        assert not node.children, "the least recently used node must be a leaf"
+        parent = node.parent
+        del parent.children[node.token]
+        if not parent.children:
+            parent.children = None
+
+    def ranked_children(self, node: _Node, width: int) -> list[_Node]:
+        """The `width` best children: highest count first, ties to the most recently touched."""
+        if not node.children:
+            return []
+        return heapq.nsmallest(width, node.children.values(), key=lambda c: (-c.count, -c.stamp))
+
+
+class NgramTrieDrafter:
+    """SGLang's ``--speculative-algorithm NGRAM``: a draft tree from an n-gram trie shared by all
+    requests (see the module docstring)."""
+
+    name = "ngram_trie"
+    feature_layers = ()
+
+    def __init__(
+        self,
+        capacity: int = 10_000_000,
+        max_trie_depth: int = 18,
+        min_match_window: int = 1,
+        max_match_window: int = 12,
+        min_bfs_breadth: int = 1,
+        max_bfs_breadth: int = 10,
+    ):
+        if max_trie_depth < 2:
+            raise ConfigError("drafter.max_trie_depth", max_trie_depth, "need >= 2 (a context and a continuation)")
+        if min_match_window < 1:
+            raise ConfigError("drafter.min_match_window", min_match_window, "need >= 1")
+        if max_match_window < min_match_window:
+            raise ConfigError(
+                "drafter.max_match_window", max_match_window, f"need >= min_match_window ({min_match_window})"
+            )
+        if max_match_window >= max_trie_depth:
+            raise ConfigError(
+                "drafter.max_match_window", max_match_window,
+                f"need < max_trie_depth ({max_trie_depth}): a matched window must leave room for a continuation",
+            )
+        if min_bfs_breadth < 1:
+            raise ConfigError("drafter.min_bfs_breadth", min_bfs_breadth, "need >= 1")
+        if max_bfs_breadth < min_bfs_breadth:
+            raise ConfigError(
+                "drafter.max_bfs_breadth", max_bfs_breadth, f"need >= min_bfs_breadth ({min_bfs_breadth})"
+            )
+        if capacity < max_trie_depth:
+            raise ConfigError(
+                "drafter.capacity", capacity, f"need >= max_trie_depth ({max_trie_depth}): one path must fit"
+            )
+        self.min_match_window = min_match_window
+        self.max_match_window = max_match_window
+        self.min_bfs_breadth = min_bfs_breadth
+        self.max_bfs_breadth = max_bfs_breadth
+        self.trie = NgramTrie(capacity, max_trie_depth)
+        self._inserted: dict[Hashable, torch.Tensor] = {}  # request id -> [T] history inserted so far
+
+    @classmethod
+    def from_config(cls, cfg: NgramTrieConfig) -> NgramTrieDrafter:
+        return cls(
+            capacity=cfg.capacity,
+            max_trie_depth=cfg.max_trie_depth,
+            min_match_window=cfg.min_match_window,
+            max_match_window=cfg.max_match_window,
+            min_bfs_breadth=cfg.min_bfs_breadth,
+            max_bfs_breadth=cfg.max_bfs_breadth,
+        )
+
+    def breadth(self, depth: int) -> int:
+        """Children kept under a trie node at `depth` (SGLang's linear rule, floored, >= 1)."""
+        span = self.max_match_window - self.min_match_window + 1
+        step = (self.max_bfs_breadth - self.min_bfs_breadth) * (self.max_match_window - depth)
+        return max(1, self.min_bfs_breadth + step // span)  # floor division: exact, no float drift
+
+    def observe(self, request_id: Hashable, history: torch.Tensor) -> None:
+        """Insert the tokens of a request's history [T] that it has not inserted yet."""
+        history = history.to("cpu", torch.int64)
+        seen = self._inserted.get(request_id)
+        old = 0
+        if seen is not None and seen.shape[0] <= history.shape[0] and torch.equal(history[: seen.shape[0]], seen):
+            old = seen.shape[0]  # an extension: only the tail is new
+        if old == history.shape[0]:
+            return
+        start = max(0, old - self.trie.max_depth + 1)  # the earliest n-gram ending at a new position
+        self.trie.insert(history[start:].tolist(), first_new=old - start)
+        self._inserted[request_id] = history.clone()  # the caller may reuse its buffer
+
+    def draft(self, history: Sequence[int], k: int, max_nodes: int) -> tuple[list[int], list[int]]:
+        """The draft tree after a history (its last token is the root), from the trie as it is.
+
+        Returns (tokens [m], parents [m] in 0..m, 0 = root), m <= max_nodes, laid out level by level.
+        """
+        # Draft nodes in creation order: (token, parent), parent 0 the root, i the node drafted[i - 1].
+        drafted: list[tuple[int, int]] = []
+        index: dict[tuple[int, int], int] = {}  # (draft parent, token) -> draft node
+        if k < 1 or max_nodes < 1:
+            return [], []
+        longest = min(len(history), self.max_match_window)
+        for n in range(longest, self.min_match_window - 1, -1):
+            matched = self.trie.find(history[len(history) - n :])
+            if matched is None:
+                continue
+            queue = deque([(0, matched, n, 0)])  # draft node, trie node, trie depth, draft depth
+            while queue and len(drafted) < max_nodes:
+                parent, node, depth, level = queue.popleft()
+                if level >= k:
+                    continue
+                for child in self.trie.ranked_children(node, self.breadth(depth)):
+                    if len(drafted) >= max_nodes:
+                        break
+                    at = index.get((parent, child.token))
+                    if at is None:
+                        drafted.append((child.token, parent))
+                        at = index[(parent, child.token)] = len(drafted)
+                    queue.append((at, child, depth + 1, level + 1))
+            if len(drafted) >= max_nodes:
+                break
+        return _level_order(drafted)
+
+    def propose(self, state: DraftState) -> DraftProposal:
+        B, M = len(state.tokens), state.max_nodes
+        ids = state.request_ids or tuple(range(B))
+        assert len(ids) == B, (ids, B)
+        for rid, tokens in zip(ids, state.tokens):  # everyone's new tokens first, then matching
+            self.observe(rid, tokens)
+        device = state.tokens[0].device if B else torch.device("cpu")
+        drafts = torch.full((B, M), -1, dtype=torch.int64)  # [B, M]
+        parents = torch.zeros((B, M), dtype=torch.int64)  # [B, M], 0 in unused columns
+        num = torch.zeros(B, dtype=torch.int64)  # [B]
+        for b, tokens in enumerate(state.tokens):
+            tail = tokens[-self.max_match_window :].tolist()  # [<= max_match_window] the windows
+            toks, pars = self.draft(tail, state.k, M)
+            m = len(toks)
+            if m:
+                drafts[b, :m] = torch.tensor(toks, dtype=torch.int64)
+                parents[b, :m] = torch.tensor(pars, dtype=torch.int64)
+            num[b] = m
+        return DraftProposal(
+            tokens=drafts.to(device), num_tokens=num.to(device), probs=None, parents=parents.to(device)
+        )
+
+
+def _level_order(drafted: list[tuple[int, int]]) -> tuple[list[int], list[int]]:
+    """Renumber draft nodes (token, parent), given in creation order, breadth-first from the root,
+    siblings in creation order. Returns (tokens [m], parents [m]) in proposal form."""
+    children: list[list[int]] = [[] for _ in range(len(drafted) + 1)]  # creation node -> its children
+    for i, (_, parent) in enumerate(drafted, start=1):
+        children[parent].append(i)
+    order, new = [], {0: 0}  # creation nodes in level order; creation node -> level-order node
+    queue = deque([0])
+    while queue:
+        for child in children[queue.popleft()]:
+            order.append(child)
+            new[child] = len(order)
+            queue.append(child)
+    return [drafted[c - 1][0] for c in order], [new[drafted[c - 1][1]] for c in order]

@@ -1,0 +1,60 @@
+"""The synthetic control for timing studies (vLLM's synthetic_acceptance_rates).
+
+It drafts a real chain of k tokens with the target's first `draft_layers` layers (so the draft
+costs what a small layer-skip draft costs) and the target runs its real verify forward, but
+acceptance is dictated: draft position i is accepted with the prescribed conditional rate
+a_i, given 0..i-1 accepted. The round then emits the accepted drafts and one token from the
+target's p at the stopping position. Tokens per round are therefore controlled exactly,
+E = sum_{j=0..k} prod_{i<j} a_i; the text is *not* the target's (drafts are accepted whatever
+the target thinks), so its rows have no greedy-equality check. Chains only.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from specbench.config import ConfigError, SyntheticConfig
+from specbench.drafters.base import DraftProposal, DraftState
+from specbench.drafters.expand import draft, is_chain
+from specbench.drafters.layerskip import truncated
+from specbench.drafters.lm_stepper import LMStepper
+from specbench.sampling import SamplingParams
+
+
+class SyntheticDrafter:
+    name = "synthetic"
+    feature_layers = ()
+
+    def __init__(self, acceptance_rates: list, draft_layers: int, params: SamplingParams, seed: int = 0):
+        rates = [float(a) for a in acceptance_rates]
+        if not rates or not all(0.0 <= a <= 1.0 for a in rates):
+            raise ConfigError("drafter.acceptance_rates", acceptance_rates, "need one or more rates in [0, 1]")
+        self.rates, self.draft_layers, self.params = rates, draft_layers, params
+        self.coins = torch.Generator().manual_seed(seed)
+        self.stepper: Optional[LMStepper] = None
+
+    @classmethod
+    def from_config(cls, cfg: SyntheticConfig, params: SamplingParams, seed: int = 0) -> SyntheticDrafter:
+        return cls(list(cfg.acceptance_rates), cfg.draft_layers, params, seed)
+
+    def attach(self, target) -> None:
+        self.stepper = LMStepper(truncated(target, self.draft_layers))
+
+    def rate(self, i: int) -> float:
+        """Conditional acceptance of draft position i (0-based); the last rate repeats."""
+        return self.rates[min(i, len(self.rates) - 1)]
+
+    def propose(self, state: DraftState) -> DraftProposal:
+        if not is_chain(state):
+            raise ConfigError("tree.topk", state.topk, "the synthetic control drafts chains only (topk=1)")
+        return draft(self.stepper, state, "greedy", self.params, None)
+
+    def forced_acceptance(self, num_drafted: int) -> int:
+        """The accepted prefix length for a round of num_drafted drafts."""
+        coins = torch.rand(num_drafted, generator=self.coins).tolist()
+        accepted = 0
+        while accepted < num_drafted and coins[accepted] < self.rate(accepted):
+            accepted += 1
+        return accepted

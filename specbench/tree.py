@@ -1,0 +1,114 @@
+"""Draft trees: choosing the nodes (EAGLE-2 / SGLang) and compiling them into verify buffers.
+
+Letters: N tree nodes including the root (SGLang's num_draft_tokens), M = N - 1 draft nodes,
+C expanded candidates, P cached prefix length.
+
+A tree is given by `parents`: [N] int64 with parents[0] = -1 (the root, the last emitted token)
+and parents[i] < i for every other node. Siblings keep their order: the order the rules try them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class TreeBuffers:
+    """Everything one tree verify step needs, as SGLang's build_tree_kernel_efficient lays it out.
+
+    parents:      [N] parent node, -1 for the root
+    depth:        [N] 0 for the root; position ids are prefix length + depth
+    mask:         [N, N] bool, mask[i, j]: node i attends to node j (j is i or an ancestor of i)
+    next_token:   [N] first child of each node, -1 for a leaf (SGLang's retrive_next_token)
+    next_sibling: [N] next sibling in try order, -1 for the last (retrive_next_sibling)
+    index:        [N] row of each node in the verify forward's output (retrive_index); the
+                  identity for one request, b * N + i when B requests are flattened
+    """
+
+    parents: torch.Tensor
+    depth: torch.Tensor
+    mask: torch.Tensor
+    next_token: torch.Tensor
+    next_sibling: torch.Tensor
+    index: torch.Tensor
+
+    def children(self, node: int) -> list[int]:
+        """Children of a node in try order."""
+        out, child = [], int(self.next_token[node])
+        while child >= 0:
+            out.append(child)
+            child = int(self.next_sibling[child])
+        return out
+
+
+def compile_tree(parents: torch.Tensor, offset: int = 0) -> TreeBuffers:
+    """parents: [N] int64 (parents[0] = -1, parents[i] < i) -> buffers. `offset` shifts `index`
+    (b * N for request b of a flattened batch). Pure: a function of the shape only."""
+    parents = parents.to(torch.int64).cpu()
+    N = parents.shape[0]
+    if N < 1 or parents[0] != -1:
+        raise ValueError(f"parents[0] must be -1 (the root); got {parents.tolist()}")
+    if N > 1 and not bool((parents[1:] >= 0).all() and (parents[1:] < torch.arange(1, N)).all()):
+        raise ValueError(f"every node's parent must come before it; got {parents.tolist()}")
+    depth = torch.zeros(N, dtype=torch.int64)
+    mask = torch.eye(N, dtype=torch.bool)
+    next_token = torch.full((N,), -1, dtype=torch.int64)
+    next_sibling = torch.full((N,), -1, dtype=torch.int64)
+    last_child = {}
+    for i in range(1, N):
+        p = int(parents[i])
+        depth[i] = depth[p] + 1
+        mask[i] |= mask[p]  # a node sees what its parent sees, and itself
+        if p in last_child:
+            next_sibling[last_child[p]] = i
+        else:
+            next_token[p] = i
+        last_child[p] = i
+    index = torch.arange(N, dtype=torch.int64) + offset
+    return TreeBuffers(parents, depth, mask, next_token, next_sibling, index)
+
+
+def chain_parents(m: int) -> torch.Tensor:
+    """The parents of a chain of m draft nodes, in proposal form (0 = root): [m] = 0, 1, ..., m-1."""
+    return torch.arange(m, dtype=torch.int64)
+
+
+def with_root(parents: torch.Tensor) -> torch.Tensor:
+    """Proposal form ([M] in 0..M, 0 the root) -> tree form ([M+1], -1 for the root)."""
+    return torch.cat([parents.new_full((1,), -1), parents.to(torch.int64)])
+
+
+def select_nodes(parents: torch.Tensor, scores: torch.Tensor, max_nodes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keep the max_nodes best expanded candidates, as EAGLE-2 and SGLang do.
+
+    parents: [C] the candidate each candidate was expanded from (-1: the root), earlier
+    candidates first; scores: [C] cumulative draft log-probabilities.
+    Returns (kept: [M] candidate indices in creation order, tree parents: [M] in 0..M, 0 = root).
+
+    A child's score is its parent's plus a log-probability <= 0, so with ties broken toward the
+    earlier candidate the best max_nodes always include every kept node's ancestors. Creation
+    order puts parents before children and siblings in the drafter's preference order.
+    """
+    C = scores.shape[0]
+    m = min(max_nodes, C)
+    order = sorted(range(C), key=lambda c: (-float(scores[c]), c))[:m]
+    kept = torch.tensor(sorted(order), dtype=torch.int64)
+    position = {int(c): i + 1 for i, c in enumerate(kept)}  # candidate -> tree node
+    tree_parents = []
+    for c in kept.tolist():
+        p = int(parents[c])
+        if p >= 0 and p not in position:
+            raise ValueError(f"candidate {c} kept without its parent {p}: scores must not increase along a path")
+        tree_parents.append(position[p] if p >= 0 else 0)
+    return kept, torch.tensor(tree_parents, dtype=torch.int64)
+
+
+def attention_mask(prefix: int, mask: torch.Tensor, dtype: torch.dtype, device) -> torch.Tensor:
+    """The verify forward's 4D additive mask: every node sees the whole cached prefix and its own
+    ancestors. mask: [N, N] bool -> [1, 1, N, P + N] with 0 where attended and the dtype's
+    minimum elsewhere (the form both eager and SDPA attention take)."""
+    N = mask.shape[0]
+    seen = torch.cat([torch.ones(N, prefix, dtype=torch.bool), mask.cpu()], dim=1).to(device)
+    return torch.zeros(seen.shape, dtype=dtype, device=device).masked_fill(~seen, torch.finfo(dtype).min)[None, None]

@@ -1,0 +1,331 @@
+"""SGLang's shared n-gram trie drafter on tiny hand-made histories, each with its exact expected tree."""
+
+import random
+
+import pytest
+import torch
+
+from specbench.config import ConfigError, NgramTrieConfig
+from specbench.drafters.base import DraftState
+from specbench.drafters.ngram_trie import NgramTrieDrafter
+from specbench.tree import compile_tree, with_root
+
+
+def drafter(**overrides) -> NgramTrieDrafter:
+    """Small defaults: short trie, breadth 1 (chains) unless a test asks for more."""
+    params = dict(capacity=10_000, max_trie_depth=6, min_match_window=1, max_match_window=4,
+                  min_bfs_breadth=1, max_bfs_breadth=1)
+    params.update(overrides)
+    return NgramTrieDrafter(**params)
+
+
+def propose(d: NgramTrieDrafter, histories: list[list[int]], k: int, num_draft_tokens: int, ids=()):
+    """Returns [(tokens, parents)] per request, cut to its num_tokens, and the raw proposal."""
+    p = d.propose(DraftState(tokens=[torch.tensor(h) for h in histories], k=k,
+                             num_draft_tokens=num_draft_tokens, request_ids=tuple(ids)))
+    out = []
+    for b in range(len(histories)):
+        n = int(p.num_tokens[b])
+        out.append((p.tokens[b, :n].tolist(), p.parents[b, :n].tolist()))
+    return out, p
+
+
+def one(d, history, k, num_draft_tokens, rid="r"):
+    return propose(d, [history], k, num_draft_tokens, ids=[rid])[0][0]
+
+
+# (1) one request copying itself -------------------------------------------------------------
+
+
+def test_repeated_phrase_gives_its_continuation_as_a_chain():
+    # [1, 2, 3] occurred before, followed by 4 5 9.
+    assert one(drafter(), [1, 2, 3, 4, 5, 9, 1, 2, 3], k=3, num_draft_tokens=4) == ([4, 5, 9], [0, 1, 2])
+
+
+def test_shorter_windows_extend_the_chain_past_the_trie_depth():
+    # From the window [1, 2, 3] the 6-deep trie only reaches 4 5 9; the windows [2, 3] and [3]
+    # reuse those nodes and add 1, then 2, below them (SGLang merges every matched window).
+    assert one(drafter(), [1, 2, 3, 4, 5, 9, 1, 2, 3], k=6, num_draft_tokens=7) == ([4, 5, 9, 1, 2], [0, 1, 2, 3, 4])
+    # With only the longest window allowed, the chain stops at the trie's depth.
+    d = drafter(min_match_window=3)
+    assert one(d, [1, 2, 3, 4, 5, 9, 1, 2, 3], k=6, num_draft_tokens=7) == ([4, 5, 9], [0, 1, 2])
+
+
+def test_no_continuation_proposes_nothing():
+    (rows, p) = propose(drafter(), [[1, 2, 3, 4, 5]], k=3, num_draft_tokens=4)
+    assert rows == [([], [])]
+    assert p.tokens.tolist() == [[-1, -1, -1]] and p.parents.tolist() == [[0, 0, 0]]
+    assert p.probs is None
+
+
+def test_min_match_window_respected():
+    # The suffix [7, 3] never occurred; only the 1-gram [3] has a continuation.
+    history = [1, 2, 3, 4, 7, 3]
+    assert one(drafter(min_match_window=1), history, k=2, num_draft_tokens=3) == ([4, 7], [0, 1])
+    assert one(drafter(min_match_window=2), history, k=2, num_draft_tokens=3) == ([], [])
+
+
+# (2) across requests ------------------------------------------------------------------------
+
+
+def test_request_b_drafts_what_request_a_said():
+    d = drafter()
+    assert one(d, [10, 5, 6, 7, 8, 9, 11], k=3, num_draft_tokens=4, rid="A") == ([], [])
+    assert one(d, [20, 21, 5, 6], k=3, num_draft_tokens=4, rid="B") == ([7, 8, 9], [0, 1, 2])
+    # B alone never said it: a fresh trie has nothing.
+    assert one(drafter(), [20, 21, 5, 6], k=3, num_draft_tokens=4, rid="B") == ([], [])
+
+
+def test_one_batch_inserts_every_request_before_matching():
+    # request_ids empty: the batch index names the request. Row 1 copies row 0 of the same call;
+    # row 0's own history has no repeat, so it proposes nothing, padded with -1 / parent 0.
+    (rows, p) = propose(drafter(), [[10, 5, 6, 7, 8], [30, 5, 6]], k=3, num_draft_tokens=4)
+    assert rows == [([], []), ([7, 8], [0, 1])]
+    assert p.tokens.tolist() == [[-1, -1, -1], [7, 8, -1]]
+    assert p.parents.tolist() == [[0, 0, 0], [0, 1, 0]]
+    assert p.num_tokens.tolist() == [0, 2]
+    assert p.tokens.dtype == p.parents.dtype == p.num_tokens.dtype == torch.int64
+
+
+# (3) branching ------------------------------------------------------------------------------
+
+
+def test_siblings_ordered_by_count():
+    # After [1, 2]: 4 twice, 3 once (3 is the more recent one only in the second history).
+    d = drafter(max_trie_depth=4, min_match_window=2, max_match_window=3, min_bfs_breadth=2, max_bfs_breadth=2)
+    assert one(d, [1, 2, 3, 1, 2, 4, 1, 2, 4, 1, 2], k=1, num_draft_tokens=3) == ([4, 3], [0, 0])
+    d = drafter(max_trie_depth=4, min_match_window=2, max_match_window=3, min_bfs_breadth=2, max_bfs_breadth=2)
+    assert one(d, [1, 2, 4, 1, 2, 4, 1, 2, 3, 1, 2], k=1, num_draft_tokens=3) == ([4, 3], [0, 0])
+
+
+def test_equal_counts_ordered_by_recency():
+    d = drafter(max_trie_depth=4, min_match_window=2, max_match_window=3, min_bfs_breadth=2, max_bfs_breadth=2)
+    assert one(d, [1, 2, 3, 1, 2, 4, 1, 2], k=1, num_draft_tokens=3) == ([4, 3], [0, 0])
+    d = drafter(max_trie_depth=4, min_match_window=2, max_match_window=3, min_bfs_breadth=2, max_bfs_breadth=2)
+    assert one(d, [1, 2, 4, 1, 2, 3, 1, 2], k=1, num_draft_tokens=3) == ([3, 4], [0, 0])
+
+
+def test_two_level_tree_laid_out_level_by_level():
+    # After [1, 2]: 4 (twice) then 3; after [1, 2, 4]: 7 (more recent) then 6; after [1, 2, 3]: 5.
+    d = drafter(max_trie_depth=4, min_match_window=2, max_match_window=3, min_bfs_breadth=2, max_bfs_breadth=2)
+    history = [1, 2, 3, 5, 1, 2, 4, 6, 1, 2, 4, 7, 1, 2]
+    assert one(d, history, k=2, num_draft_tokens=6) == ([4, 3, 7, 6, 5], [0, 0, 1, 1, 2])
+    # Fewer nodes: the walk is breadth-first, so the last one drafted (5) goes first.
+    assert one(d, history, k=2, num_draft_tokens=5) == ([4, 3, 7, 6], [0, 0, 1, 1])
+    assert one(d, history, k=1, num_draft_tokens=6) == ([4, 3], [0, 0])
+
+
+def test_longer_window_first_then_merged_level_by_level():
+    # breadth(1) = 2, breadth(2+) = 1. The window [7, 3] drafts 1 -> 2 first; the window [3]
+    # then adds 4 (after [3]: 4 twice, 1 once) as the root's second child, reuses 1, and
+    # hangs 7 (after [3, 4]: 8 and 7 once each, 7 more recent) under 4. Drafted in the order
+    # 1 2 4 7, laid out level by level as 1 4 | 2 7.
+    d = drafter(max_trie_depth=4, min_match_window=1, max_match_window=2, min_bfs_breadth=1, max_bfs_breadth=3)
+    history = [7, 3, 1, 2, 8, 3, 4, 8, 3, 4, 7, 3]
+    assert one(d, history, k=2, num_draft_tokens=11) == ([1, 4, 2, 7], [0, 0, 1, 2])
+    assert one(d, history, k=2, num_draft_tokens=3) == ([1, 2], [0, 1])
+
+
+# (4) node, depth and breadth bounds --------------------------------------------------------
+
+
+def test_breadth_follows_sglang_rule():
+    # (max_bfs - min_bfs) / (max_match - min_match + 1) = 3 / 3 = 1 per trie level:
+    # depth 1 keeps 3 children, depth 2 keeps 2, depth 3 and deeper keep 1.
+    d = drafter(max_trie_depth=5, min_match_window=1, max_match_window=3, min_bfs_breadth=1, max_bfs_breadth=4)
+    assert [d.breadth(depth) for depth in range(1, 6)] == [3, 2, 1, 1, 1]
+    # SGLang defaults: 1 + 9 * (12 - depth) / 12, floored.
+    assert [NgramTrieDrafter().breadth(depth) for depth in (1, 2, 5, 11, 12, 18)] == [9, 8, 6, 1, 1, 1]
+    # Equal bounds: a constant breadth.
+    assert {drafter(min_bfs_breadth=3, max_bfs_breadth=3).breadth(depth) for depth in range(1, 7)} == {3}
+
+
+def test_breadth_depth_and_node_bounds():
+    # Only the 1-gram [9] has continuations: 1 2 3 4 5, all once, 5 the most recent. Depth 1
+    # keeps 3 of them (5 4 3), depth 2 keeps 2 (each has one: 9), depth 3+ keeps 1.
+    history = [9, 1, 9, 2, 9, 3, 9, 4, 9, 5, 9]
+    d = drafter(max_trie_depth=5, min_match_window=1, max_match_window=3, min_bfs_breadth=1, max_bfs_breadth=4)
+    assert one(d, history, k=1, num_draft_tokens=11) == ([5, 4, 3], [0, 0, 0])
+    assert one(d, history, k=2, num_draft_tokens=11) == ([5, 4, 3, 9, 9, 9], [0, 0, 0, 1, 2, 3])
+    assert one(d, history, k=4, num_draft_tokens=11) == (
+        [5, 4, 3, 9, 9, 9, 5, 4, 9, 9], [0, 0, 0, 1, 2, 3, 5, 6, 7, 8])
+    assert one(d, history, k=4, num_draft_tokens=5) == ([5, 4, 3, 9], [0, 0, 0, 1])
+    # num_draft_tokens None: k * topk + 1 nodes, the root included.
+    (rows, p) = propose(d, [history], k=4, num_draft_tokens=None)
+    assert p.tokens.shape == (1, 4) and rows[0] == ([5, 4, 3, 9], [0, 0, 0, 1])
+
+
+def test_no_draft_nodes_wanted():
+    (rows, p) = propose(drafter(), [[1, 2, 1]], k=3, num_draft_tokens=1)
+    assert p.tokens.shape == (1, 0) and rows == [([], [])]
+
+
+# (5) capacity -------------------------------------------------------------------------------
+
+
+def check_trie(d: NgramTrieDrafter) -> None:
+    """Every node is reachable from the root once, knows its parent, and is in the LRU."""
+    seen, stack = 0, [d.trie.root]
+    while stack:
+        node = stack.pop()
+        for token, child in (node.children or {}).items():
+            assert child.parent is node and child.token == token and child.count >= 1
+            seen += 1
+            stack.append(child)
+    assert seen == len(d.trie)
+
+
+def test_capacity_evicts_least_recently_used_leaves():
+    d = drafter(capacity=12, max_trie_depth=3, max_match_window=2)
+    a = list(range(100, 110))  # 10 + 9 + 8 = 27 distinct n-grams of length <= 3
+    one(d, a, k=2, num_draft_tokens=3, rid="A")
+    assert len(d.trie) == 12
+    check_trie(d)
+    # The newest n-grams stay, the oldest are gone.
+    assert d.trie.count([107, 108, 109]) == 1 and d.trie.count([108, 109]) == 1 and d.trie.count([109]) == 1
+    assert d.trie.count([100]) == 0 and d.trie.count([100, 101]) == 0
+    assert one(d, [50, 108], k=2, num_draft_tokens=3, rid="B") == ([109], [0])
+    assert one(d, [51, 100], k=2, num_draft_tokens=3, rid="C") == ([], [])
+    assert len(d.trie) <= 12
+    check_trie(d)
+
+
+def test_capacity_holds_over_many_rounds():
+    rng = random.Random(0)
+    d = drafter(capacity=40, max_trie_depth=4, max_match_window=3)
+    history = [rng.randrange(20) for _ in range(5)]
+    for _ in range(60):
+        history += [rng.randrange(20) for _ in range(rng.randint(1, 3))]
+        one(d, history, k=3, num_draft_tokens=5)
+        assert len(d.trie) <= 40
+    check_trie(d)
+    assert len(d.trie) == 40
+    # The last 4-gram was just inserted: it survives, so its first 3 tokens have a continuation.
+    assert d.trie.count(history[-4:]) >= 1
+    tokens, _ = one(d, history[-4:-1], k=1, num_draft_tokens=2, rid="probe")
+    assert len(tokens) == 1
+
+
+# counts and request tracking ----------------------------------------------------------------
+
+
+def brute_count(text: list[int], ngram: list[int]) -> int:
+    n = len(ngram)
+    return sum(text[i : i + n] == ngram for i in range(len(text) - n + 1))
+
+
+def test_counts_are_occurrences_whether_inserted_at_once_or_in_steps():
+    rng = random.Random(1)
+    history = [rng.randrange(3) for _ in range(40)]
+    whole, steps = drafter(), drafter()
+    whole.observe("r", torch.tensor(history))
+    t = 1
+    while t < len(history):
+        steps.observe("r", torch.tensor(history[:t]))
+        t += rng.randint(1, 4)
+    steps.observe("r", torch.tensor(history))
+    for n in range(1, 7):
+        for i in range(len(history) - n + 1):
+            ngram = history[i : i + n]
+            assert whole.trie.count(ngram) == steps.trie.count(ngram) == brute_count(history, ngram), ngram
+    assert whole.trie.count(history[:7]) == 0  # longer than max_trie_depth
+
+
+def test_reused_id_with_a_new_history_starts_over():
+    d = drafter()
+    d.observe("r", torch.tensor([1, 2, 3]))
+    d.observe("r", torch.tensor([1, 2, 3]))  # nothing new: no count
+    assert d.trie.count([1, 2]) == 1
+    d.observe("r", torch.tensor([1, 2, 3, 1, 2]))  # an extension: only the tail counts
+    assert d.trie.count([1, 2]) == 2 and d.trie.count([2, 3]) == 1
+    d.observe("r", torch.tensor([1, 2]))  # not an extension: a new request said [1, 2] again
+    assert d.trie.count([1, 2]) == 3 and d.trie.count([2, 3]) == 1
+
+
+def test_caller_reusing_its_buffer_does_not_confuse_tracking():
+    # The runner passes views of one buffer: what was inserted must be copied, not aliased.
+    buf = torch.tensor([1, 2, 3, 4, 0, 0])
+    d = drafter()
+    d.observe("r", buf[:4])
+    buf[4:] = torch.tensor([1, 2])
+    d.observe("r", buf[:6])  # an extension
+    assert d.trie.count([1, 2]) == 2 and d.trie.count([4, 1, 2]) == 1
+    buf[:] = torch.tensor([5, 6, 7, 8, 9, 5])
+    d.observe("r", buf)  # the same id, overwritten: a new history, inserted whole
+    assert d.trie.count([5, 6]) == 1 and d.trie.count([9, 5]) == 1 and d.trie.count([5]) == 2
+
+
+# (6) every proposal is a valid tree of real continuations ----------------------------------
+
+
+def occurs(texts: list[list[int]], seq: list[int]) -> bool:
+    return any(brute_count(text, seq) for text in texts)
+
+
+@pytest.mark.parametrize("capacity", [10_000, 30])
+def test_random_proposals_are_valid_trees(capacity):
+    rng = random.Random(capacity)
+    d = drafter(capacity=capacity, max_trie_depth=5, min_match_window=1, max_match_window=3,
+                min_bfs_breadth=1, max_bfs_breadth=4)
+    histories = {rid: [rng.randrange(6) for _ in range(rng.randint(1, 6))] for rid in "abc"}
+    texts = list(histories.values())  # every history ever inserted (a restart adds one)
+    nonempty = 0
+    for step in range(40):
+        for rid in histories:
+            histories[rid] += [rng.randrange(6) for _ in range(rng.randint(1, 3))]
+        if step == 20:  # reuse an id for a new prompt
+            histories["b"] = [rng.randrange(6) for _ in range(4)]
+            texts.append(histories["b"])
+        k, N = rng.randint(1, 4), rng.randint(2, 9)
+        ids = list(histories)
+        rows, p = propose(d, [histories[r] for r in ids], k=k, num_draft_tokens=N, ids=ids)
+        assert p.tokens.shape == p.parents.shape == (3, N - 1)
+        for b, (tokens, parents) in enumerate(rows):
+            n = len(tokens)
+            nonempty += n > 0
+            assert (p.tokens[b, n:] == -1).all() and (p.parents[b, n:] == 0).all()
+            tree = compile_tree(with_root(torch.tensor(parents, dtype=torch.int64)))
+            assert int(tree.depth.max()) <= k
+            full = [histories[ids[b]][-1]] + tokens  # tree node i's token
+            for node in range(n + 1):
+                kids = [full[c] for c in tree.children(node)]
+                assert len(kids) == len(set(kids)), "siblings must differ"
+            for node in range(1, n + 1):  # root ... node is a stretch of something said
+                path, at = [], node
+                while at >= 0:
+                    path.append(full[at])
+                    at = int(tree.parents[at])
+                assert occurs(texts, path[::-1]), path[::-1]
+        assert len(d.trie) <= capacity
+    assert nonempty > 20  # the check above ran on real trees
+
+
+# (7) configuration --------------------------------------------------------------------------
+
+
+def test_from_config_uses_sglang_defaults():
+    d = NgramTrieDrafter.from_config(NgramTrieConfig())
+    assert d.name == "ngram_trie" and d.feature_layers == ()
+    assert (d.trie.capacity, d.trie.max_depth, d.min_match_window, d.max_match_window) == (10_000_000, 18, 1, 12)
+    assert (d.min_bfs_breadth, d.max_bfs_breadth) == (1, 10)
+
+
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("max_trie_depth", 1),
+        ("min_match_window", 0),
+        ("max_match_window", 0),  # below min_match_window
+        ("max_match_window", 6),  # not below max_trie_depth
+        ("min_bfs_breadth", 0),
+        ("max_bfs_breadth", 0),  # below min_bfs_breadth
+        ("capacity", 5),  # a path of max_trie_depth nodes must fit
+    ],
+)
+def test_bad_config_names_the_key(key, value):
+    cfg = NgramTrieConfig(capacity=100, max_trie_depth=6, min_match_window=1, max_match_window=4,
+                          min_bfs_breadth=1, max_bfs_breadth=2)
+    setattr(cfg, key, value)
+    with pytest.raises(ConfigError) as err:
+        NgramTrieDrafter.from_config(cfg)
+    assert err.value.key == f"drafter.{key}" and err.value.value == value

@@ -1,0 +1,109 @@
+"""Draft trees: exact buffers for hand-made shapes, node selection, the tree verify forward
+against separate branch forwards, KV compaction, and the rules walking a tree."""
+
+import pytest
+import torch
+
+from specbench.engines.hf import HFEngine
+from specbench.rules import verify_siblings, verify_tree
+from specbench.tree import attention_mask, compile_tree, select_nodes, with_root
+
+
+def test_three_node_tree_buffers():
+    # root 0 with two children 1 and 2, tried in that order
+    t = compile_tree(torch.tensor([-1, 0, 0]))
+    assert t.depth.tolist() == [0, 1, 1]
+    assert t.mask.int().tolist() == [[1, 0, 0], [1, 1, 0], [1, 0, 1]]
+    assert t.next_token.tolist() == [1, -1, -1]
+    assert t.next_sibling.tolist() == [-1, 2, -1]
+    assert t.index.tolist() == [0, 1, 2]
+    assert t.children(0) == [1, 2] and t.children(1) == []
+
+
+def test_sglang_2_2_4_shape_from_expansion_scores():
+    # steps 2, topk 2, num_draft_tokens 4. Step 1 expands the root into a, b; step 2 expands
+    # both into a1, a2, b1, b2. Candidates in creation order with cumulative log-probs:
+    #            a     b     a1    a2    b1    b2
+    parents = torch.tensor([-1, -1, 0, 0, 1, 1])
+    scores = torch.tensor([-0.1, -0.5, -0.3, -1.0, -0.7, -0.9])
+    kept, tree_parents = select_nodes(parents, scores, max_nodes=3)
+    assert kept.tolist() == [0, 1, 2]  # a, b, a1: the 3 best, in creation order
+    assert tree_parents.tolist() == [0, 0, 1]  # a, b under the root; a1 under a (node 1)
+    t = compile_tree(with_root(tree_parents), offset=8)  # request 2 of a batch with N = 4
+    assert t.parents.tolist() == [-1, 0, 0, 1]
+    assert t.depth.tolist() == [0, 1, 1, 2]
+    assert t.mask.int().tolist() == [[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]]
+    assert t.next_token.tolist() == [1, 3, -1, -1]
+    assert t.next_sibling.tolist() == [-1, 2, -1, -1]
+    assert t.index.tolist() == [8, 9, 10, 11]
+
+
+def test_select_nodes_keeps_ancestors_on_ties_and_refuses_orphans():
+    kept, parents = select_nodes(torch.tensor([-1, 0, 1]), torch.tensor([-1.0, -1.0, -1.0]), 2)
+    assert kept.tolist() == [0, 1] and parents.tolist() == [0, 1]
+    with pytest.raises(ValueError, match="without its parent"):
+        select_nodes(torch.tensor([-1, 0]), torch.tensor([-2.0, -1.0]), 1)
+
+
+def test_compile_tree_rejects_bad_parents():
+    with pytest.raises(ValueError, match="root"):
+        compile_tree(torch.tensor([0, 0]))
+    with pytest.raises(ValueError, match="come before"):
+        compile_tree(torch.tensor([-1, 2, 0]))
+
+
+def test_tree_forward_matches_each_branch_and_compaction_keeps_the_path(tiny_model):
+    """One masked forward over a tree gives, at every node, the logits of running its branch
+    alone; keeping a path that is not the first children leaves the cache equal to a plain
+    forward over the path."""
+    prefix = torch.tensor([[5, 6, 7]])
+    # root 8; children 9, 10; 10 has child 11; 9 has child 12
+    tokens = torch.tensor([[8, 9, 10, 11, 12]])
+    tree = compile_tree(torch.tensor([-1, 0, 0, 2, 1]))
+    engine = HFEngine(tiny_model)
+    engine.prefill(prefix)
+    start = engine.length  # 3: the prefill reads the prompt; its last token's logits come back
+    mask = attention_mask(start, tree.mask, engine.dtype, engine.device)
+    logits = engine.forward(tokens, tree_mask=mask, depth=tree.depth)[0]  # [5, V]
+    with torch.no_grad():
+        for node, branch in enumerate([[8], [8, 9], [8, 10], [8, 10, 11], [8, 9, 12]]):
+            alone = tiny_model(torch.cat([prefix, torch.tensor([branch])], 1)).logits[0, -1]
+            torch.testing.assert_close(logits[node], alone, rtol=1e-4, atol=1e-4)
+    engine.keep_path(start, torch.tensor([0, 2, 3]))  # root, 10, 11
+    assert engine.length == start + 3
+    after = engine.forward(torch.tensor([[13]]))[0, -1]
+    with torch.no_grad():
+        plain = tiny_model(torch.tensor([[5, 6, 7, 8, 10, 11, 13]])).logits[0, -1]
+    torch.testing.assert_close(after, plain, rtol=1e-4, atol=1e-4)
+
+
+P = torch.tensor([0.1, 0.4, 0.3, 0.2])
+
+
+@pytest.mark.parametrize("rule", ["onehot", "standard", "target_only"])
+def test_sibling_rules_are_lossless(rule):
+    """Seed 0, 200k draws, 4 categories: a chi-square test at alpha 1e-3 detects a TV of 0.01
+    with power > 0.99 at this size; the lossless rules must not be flagged."""
+    from scipy.stats import chisquare
+
+    n = 200_000
+    g = torch.Generator().manual_seed(0)
+    candidates = torch.tensor([[1, 3]]).expand(n, 2)  # two siblings: 1 then 3
+    res = verify_siblings(rule, P.expand(n, 4), candidates, generator=g)
+    counts = torch.bincount(res.token, minlength=4).numpy()
+    assert chisquare(counts, [0.1 * n, 0.4 * n, 0.3 * n, 0.2 * n]).pvalue > 1e-3
+    # P(accept sibling j) = p(c_j): 0.4 and 0.2
+    accepted = torch.bincount(res.accepted + 1, minlength=3).numpy() / n
+    assert abs(accepted[1] - 0.4) < 0.005 and abs(accepted[2] - 0.2) < 0.005
+
+
+def test_verify_tree_walks_accepted_children_and_ends_with_a_bonus():
+    # root 0 -> {1: token 2, 2: token 1}; node 2 -> {3: token 0}. Greedy target: argmax 1 at
+    # the root, then 0 at node 2, then 3 at node 3.
+    probs = torch.tensor([[0.1, 0.6, 0.2, 0.1], [0.25] * 4, [0.7, 0.1, 0.1, 0.1], [0.1, 0.1, 0.1, 0.7]])
+    tree = compile_tree(torch.tensor([-1, 0, 0, 2]))
+    res = verify_tree("greedy", probs, torch.tensor([9, 2, 1, 0]), tree)
+    assert res.path == [0, 2, 3] and res.tokens == [1, 0, 3] and res.tried == 2
+    # a refusal at the first level: no child equals the argmax
+    res = verify_tree("greedy", probs, torch.tensor([9, 2, 3, 0]), tree)
+    assert res.path == [0] and res.tokens == [1] and res.tried == 1
