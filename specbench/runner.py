@@ -69,7 +69,7 @@ def _verify_chain(spec, rule, probs, step, proposal, num_drafted, generator) -> 
 def _verify_tree(spec, rule, probs, step, tree, generator) -> Round:
     """probs: [1, N, V] under the tree mask; step: [1, N] the root then the draft nodes."""
     result = verify_tree(
-        rule, probs[0], step[0].cpu(), tree, generator=generator,
+        rule, probs[0], step[0], tree, generator=generator,
         **(spec.rule_params if rule == "thresholded" else {}),
     )
     return Round(result.tokens, step.shape[1] - 1, result.num_accepted, result.tried, torch.tensor(result.path))
