@@ -267,7 +267,7 @@ CHAIN_DRAFTERS = ("ngram", "synthetic")  # propose chains only
 def _validate_tree(cfg) -> None:
     tree = cfg.tree
     if cfg.drafter is None:
-        raise ConfigError("tree", "set", "a tree shape needs a drafter (add +drafter=...)")
+        raise ConfigError("drafter", None, "a tree shape needs a drafter (add +drafter=...)")
     if tree.steps != cfg.k:
         raise ConfigError("tree.steps", tree.steps, f"the depth is k (k={cfg.k}); set k instead")
     if tree.topk < 1:

@@ -38,15 +38,15 @@ def tiny(checkpoint, results, *more):
 # --- composition -------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("group", ["target", "dataset", "drafter", "rule"])
+@pytest.mark.parametrize("group", ["target", "dataset", "drafter", "rule", "tree"])
 def test_every_option_of_every_group_composes(group):
     for option in sorted(p.stem for p in (CONF / group).glob("*.yaml")):
-        extra = ["+drafter=ngram"] if group == "rule" else []
-        prefix = "+" if group in ("drafter", "rule") else ""
+        extra = {"rule": ["+drafter=ngram"], "tree": ["+drafter=eagle3"]}.get(group, [])
+        prefix = "+" if group in ("drafter", "rule", "tree") else ""
         cfg = cfg_of(*extra, f"{prefix}{group}={option}")
         node = cfg[group]
         assert OmegaConf.get_type(node) is not dict, f"{group}={option} has no typed schema"
-        assert node.name
+        assert node.name if group != "tree" else node.steps == cfg.k
 
 
 def test_misspelt_keys_fail_at_compose_time():
@@ -72,6 +72,16 @@ def test_misspelt_keys_fail_at_compose_time():
         (["dataset.num_prompts=0"], "dataset.num_prompts=0"),
         (["+rule=onehot"], "rule=onehot: a rule needs a drafter"),
         (["+drafter=ngram", "drafter.min_n=4", "drafter.max_n=2"], "drafter.min_n=4"),
+        (["+drafter=ngram", "+tree=sglang_5_4_8"], "tree.topk=4: drafter ngram proposes chains only"),
+        (["+drafter=eagle3", "+tree=chain", "tree.steps=3"], "tree.steps=3: the depth is k (k=4)"),
+        (["+drafter=layerskip", "+tree=sglang_5_4_8", "tree.num_draft_tokens=99"], "tree.num_draft_tokens=99: must be in [2, 69]"),
+        (["+drafter=draft_model", "drafter.draft_sample_method=probabilistic", "+tree=sglang_5_4_8"],
+         "drafter.draft_sample_method=probabilistic: a tree (topk > 1)"),
+        (["+drafter=draft_model", "drafter.draft_sample_method=often"], "drafter.draft_sample_method=often"),
+        (["+drafter=draft_model", "drafter.path=/no/draft"], "drafter.path=/no/draft: no such checkpoint"),
+        (["+drafter=eagle", "drafter.path=specbench://checkpoints/smollm2_135m/eagle3"], "holds an eagle3 head, not eagle"),
+        (["+drafter=synthetic", "drafter.acceptance_rates=[1.5]"], "drafter.acceptance_rates"),
+        (["+tree=chain"], "drafter=None: a tree shape needs a drafter"),
     ],
 )
 def test_bad_input_stops_before_any_model_work(monkeypatch, overrides, message):

