@@ -44,7 +44,6 @@ DRAFTERS = {
     "synthetic": SyntheticDrafter.from_config,
 }
 MODEL_FREE = ("ngram", "ngram_trie")  # drafters without a model: no draft KV, no lookahead slots
-CHAIN_ONLY = ("ngram", "synthetic")  # drafters that cannot propose trees
 WARMUP_TOKENS = 8
 
 
@@ -108,7 +107,7 @@ def decode_all(engine, inputs, prompts, *, cfg, params, eos, spec, desc) -> tupl
         g = torch.Generator(engine.device).manual_seed(cfg.seed + i)  # per request: reproducible alone
         records.append(decode(
             engine, ids, params=params, max_new_tokens=cfg.max_new_tokens, eos_ids=eos, generator=g,
-            spec=spec, stats=stats, prompt_id=prompt.id,
+            spec=spec, stats=stats, prompt_id=prompt.id, request_id=i,
         ))
     return records, stats
 

@@ -15,12 +15,11 @@ Letters: W rows (1, or the tree's frontier), V vocabulary, H head width, D featu
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Optional
 
 import torch
-
-import json
-from pathlib import Path
 
 from specbench import fetch
 from specbench.config import ConfigError, EagleConfig
