@@ -1,6 +1,6 @@
 """The `hf` engine: a transformers causal LM as it is, with a DynamicCache rolled back by cropping.
 
-It is the reference for breadth and correctness, not for speed. Batch size 1.
+It is the reference for breadth and correctness, not for speed: one request at a time.
 
 Invariant between calls: the cache holds every token of the sequence except the last one
 emitted, which is the first input of the next `forward`.
@@ -15,6 +15,8 @@ from typing import Optional
 
 import torch
 from transformers import DynamicCache
+
+from specbench.tree import attention_mask
 
 
 def cache_kwarg(model) -> str:
@@ -44,67 +46,67 @@ def compact(cache: DynamicCache, start: int, keep: torch.Tensor) -> None:
 
 
 class HFEngine:
-    def __init__(self, model):
-        self.model = model
+    """One request at a time (rows = 1) over a DynamicCache; the engine API of engines/native.py.
+
+    Invariant between calls: the cache holds every token of the sequence except the last one
+    emitted, which is the first input of the next `forward`."""
+
+    rows = 1
+
+    def __init__(self, model, rows: int = 1, *, feature_layers: tuple = ()):
+        if rows != 1:
+            raise ValueError(f"engine=hf runs one request at a time, not batch_size={rows}; engine=native batches")
+        self.model, self.feature_layers = model, tuple(feature_layers)
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         self.cache = DynamicCache()
         self._cache_arg = cache_kwarg(model)
+        self._last_q = 0  # inputs of the last forward, not yet kept or dropped
 
-    def _call(self, input_ids: torch.Tensor, feature_layers: tuple = (), **kwargs):
+    def _call(self, input_ids: torch.Tensor, **kwargs):
+        layers = self.feature_layers
         out = self.model(
-            input_ids=input_ids, use_cache=True, output_hidden_states=bool(feature_layers),
+            input_ids=input_ids, use_cache=True, output_hidden_states=bool(layers),
             **{self._cache_arg: self.cache}, **kwargs,
         )
-        features = torch.cat([out.hidden_states[i] for i in feature_layers], -1) if feature_layers else None
+        features = torch.cat([out.hidden_states[i] for i in layers], -1) if layers else None
         return out.logits, features
 
     @property
-    def length(self) -> int:
-        return self.cache.get_seq_length()
+    def length(self) -> list:
+        return [self.cache.get_seq_length()]
 
     @torch.inference_mode()
-    def prefill(self, input_ids: torch.Tensor, feature_layers: tuple = ()):
-        """input_ids: [1, T] the prompt -> logits [1, V] for the first new token, and with
-        feature_layers the features [1, T, D] at every prompt position."""
+    def prefill(self, row: int, input_ids: torch.Tensor):
+        """input_ids: [T] the prompt -> logits [V] for the first new token, and with
+        feature_layers the features [T, D] at every prompt position."""
         self.cache = DynamicCache()
-        logits, features = self._call(input_ids, feature_layers, logits_to_keep=1)
-        return (logits[:, -1], features) if feature_layers else logits[:, -1]
+        logits, features = self._call(input_ids[None].to(self.device), logits_to_keep=1)
+        return (logits[0, -1], features[0]) if self.feature_layers else logits[0, -1]
 
     @torch.inference_mode()
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        *,
-        tree_mask: Optional[torch.Tensor] = None,
-        depth: Optional[torch.Tensor] = None,
-        feature_layers: tuple = (),
-    ):
-        """input_ids: [B, q] the last emitted token then q-1 drafts -> logits [B, q, V] (and
-        features [B, q, D] with feature_layers).
+    def forward(self, tokens: torch.Tensor, depth: Optional[torch.Tensor] = None,
+                ancestors: Optional[torch.Tensor] = None):
+        """tokens: [1, q] the last emitted token then q-1 drafts -> logits [1, q, V] (and
+        features [1, q, D] with feature_layers).
 
         A chain needs no mask: causal attention gives position i the prefix plus drafts 1..i,
         so one call yields the target distribution at every draft position and at the bonus
-        position. A tree passes tree_mask [1, 1, q, P + q] (specbench.tree.attention_mask) and
-        depth [q]: each node then sees the prefix and its ancestors, at position P + depth."""
+        position. A tree passes depth [1, q] and ancestors [1, q, q]: each node then sees the
+        prefix and its ancestors, at position P + depth (a 4D mask, specbench.tree)."""
         kwargs = {}
-        if tree_mask is not None:
-            positions = (self.length + depth.to(self.device)).unsqueeze(0)  # [1, q]
-            kwargs = dict(attention_mask=tree_mask, position_ids=positions)
-        logits, features = self._call(input_ids, feature_layers, **kwargs)
-        return (logits, features) if feature_layers else logits
-
-    def expand(self, n: int) -> None:
-        """Repeat a batch-1 cache n times (n continuations of one prompt)."""
-        self.cache.batch_repeat_interleave(n)
-
-    def rollback(self, length: int) -> None:
-        """Drop cached entries past `length` (rejected drafts). No copy: the cache is cropped."""
-        crop(self.cache, length)
+        if depth is not None:
+            P = self.cache.get_seq_length()
+            mask = attention_mask(P, ancestors[0], self.dtype, self.device)  # [1, 1, q, P + q]
+            kwargs = dict(attention_mask=mask, position_ids=(P + depth.to(self.device)))
+        self._last_q = tokens.shape[1]
+        logits, features = self._call(tokens.to(self.device), **kwargs)
+        return (logits, features) if self.feature_layers else logits
 
     @torch.inference_mode()
-    def keep_path(self, start: int, path: torch.Tensor) -> None:
-        """After a tree verify from cache length `start`: keep the accepted nodes `path` (tree
-        node indices, root first, ascending) at contiguous positions and drop the others."""
-        compact(self.cache, start, path)
+    def advance(self, keep: list) -> None:
+        """After a forward from cache length P: keep the inputs keep[0] (ascending, 0 first) at
+        positions P, P+1, ... and drop the others. A chain is cropped; a tree path is compacted."""
+        P = self.cache.get_seq_length() - self._last_q
+        compact(self.cache, P, torch.as_tensor(keep[0], dtype=torch.int64))

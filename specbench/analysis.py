@@ -79,3 +79,202 @@ def with_expected_tokens_per_round(frame: pd.DataFrame) -> pd.DataFrame:
     runs["a_hat"] = [pooled_acceptance(p, r) for p, r in zip(runs.accept_pos, runs.get("accept_reached", [None] * len(runs)))]
     runs["tokens_per_round_expected"] = expected_tokens_per_round(runs.a_hat, runs.k)
     return runs
+
+
+# --- the cost model ---------------------------------------------------------------------------
+#
+# One round of chain speculation drafts k tokens and verifies them in one target forward:
+#
+#     round time   = k * c * t1  +  r(q) * t1
+#     tokens/round = tau
+#     speedup      = baseline TPOT / TPOT = t1 / (round time / tau) = tau / (k * c + r(q))
+#
+# t1 is the target's plain decode step (the baseline TPOT at the same batch size), c the cost of
+# one draft step relative to t1, q the positions verified (k + 1 for a chain, num_draft_tokens for
+# a tree, the root included) and r(q) = t_verify(q) / t_verify(1) the verify forward's cost
+# relative to a decode step. With r = 1 (verify as cheap as a decode step: memory-bound, small q)
+# and i.i.d. acceptance a this is the textbook (1 - a^(k+1)) / ((1 - a) (k c + 1)).
+# What it leaves out (sampling, the rule, KV bookkeeping, tree masks) shows up as the gap between
+# predicted and measured speedup.
+
+COST_COLUMNS = ("draft_ms", "verify_ms", "baseline_tpot_ms")  # per run, written by the runner
+
+
+def expected_tokens(a, k):
+    """Expected tokens per round for i.i.d. per-position acceptance a and draft length k:
+
+        tau = sum_{j=0..k} a^j = (1 - a^(k+1)) / (1 - a),   tau = k + 1 at a = 1 exactly.
+
+    The accepted drafts plus the one token the target always emits (the correction or the
+    bonus). a and k broadcast (scalars or arrays); a float for scalar inputs. Computed as
+    -expm1((k+1) log a) / (1 - a), accurate as a -> 1; NaN in a or k gives NaN."""
+    a, k = np.asarray(a, dtype=float), np.asarray(k, dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        value = -np.expm1((k + 1) * np.log1p(a - 1)) / (1 - a)
+    return _scalar(np.where((a == 1) | (k == 0), k + 1, value))
+
+
+def expected_tokens_from_positions(accept_pos):
+    """Expected tokens per round from the measured per-position acceptance of a run:
+
+        tau = 1 + sum_{i=1..k} prod_{j<=i} a_j
+
+    where a_j = P(accept draft position j | position j drafted and 1..j-1 accepted): the
+    *conditional* rate, as metrics.SpecStats.accept_pos records it (the row's `accept_pos`).
+    prod_{j<=i} a_j is then P(at least i drafts accepted), and their sum the expected accepted
+    length; the same holds along the accepted path of a tree. [0.5, 0.5] -> 1 + 0.5 + 0.25 = 1.75.
+
+    A position no round reached is recorded as None: it adds nothing when the product before it
+    is already 0 (as it is for a chain: nothing reached it because its parent was never
+    accepted), and makes the result NaN otherwise. One list -> a float; a sequence or Series of
+    lists (one per run; None or a non-list for a run without one -> NaN) -> an array."""
+    if _is_list_of_lists(accept_pos):
+        return np.array([expected_tokens_from_positions(p) if isinstance(p, (list, tuple, np.ndarray)) else np.nan
+                         for p in accept_pos], dtype=float)
+    rates = np.array([np.nan if v is None else v for v in accept_pos], dtype=float)
+    reach = np.cumprod(np.nan_to_num(rates, nan=0.0))  # P(>= i accepted), treating gaps as 0
+    before = np.concatenate([[1.0], reach[:-1]])  # P(>= i-1 accepted)
+    if np.any(np.isnan(rates) & (before > 0)):
+        return float("nan")
+    return float(1 + reach.sum())
+
+
+def predicted_speedup(tau, k, c, r=1.0):
+    """speedup = tau / (k c + r): tau tokens per round against a round costing k draft steps of
+    c target decode steps each plus one verify forward of r decode steps. Broadcasts; a float
+    for scalar inputs. e.g. tau 1.75, k 2, c 0.1, r 1 -> 1.75 / 1.2 = 1.4583."""
+    tau, k, c, r = (np.asarray(x, dtype=float) for x in (tau, k, c, r))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return _scalar(tau / (k * c + r))
+
+
+def verify_positions(frame: pd.DataFrame) -> pd.Series:
+    """q, the positions one verify forward scores: num_draft_tokens where recorded (a tree, the
+    root included), else k * topk + 1 (k + 1 for a chain); NaN for the baseline."""
+    k = _numeric(frame, "k")
+    topk = _numeric(frame, "topk").fillna(1.0)
+    return _numeric(frame, "num_draft_tokens").fillna(k * topk + 1)
+
+
+def verify_ratio(curve, q, batch_size=None) -> np.ndarray:
+    """r(q) = t(q) / t(1) from a verify-cost benchmark, at each q (linear between the q's it
+    measured, NaN outside them). `curve` is one of:
+
+      - a mapping or Series q -> r(q);
+      - a DataFrame with a `q` column and either `r` (already relative) or a time column
+        (`t_ms`, `verify_ms` or `time_ms`, divided here by its value at q = 1), and optionally
+        `batch_size`: then each q is looked up among the curve's rows at its own batch_size
+        (NaN where that batch size was not benchmarked)."""
+    q = np.asarray(q, dtype=float)
+    if not isinstance(curve, pd.DataFrame):
+        series = pd.Series(curve, dtype=float)
+        curve = pd.DataFrame({"q": series.index.astype(float), "r": series.to_numpy()})
+    if "r" not in curve.columns:
+        time = next((c for c in ("t_ms", "verify_ms", "time_ms") if c in curve.columns), None)
+        if time is None:
+            raise ValueError(f"verify_curve needs a column r or t_ms, got {list(curve.columns)}")
+        curve = curve.assign(r=curve[time] / _at_q1(curve, time))
+    if "batch_size" not in curve.columns or batch_size is None:
+        return _interp(curve, q)
+    batch = np.broadcast_to(np.asarray(batch_size, dtype=float), q.shape)
+    out = np.full(q.shape, np.nan)
+    for b, group in curve.groupby("batch_size"):
+        at = batch == float(b)
+        out[at] = _interp(group, q[at])
+    return out
+
+
+def cost_model(df: pd.DataFrame, verify_curve=None) -> pd.DataFrame:
+    """A copy of `df` (results rows) with the cost model beside the measured speedup:
+
+        c_measured        = draft_ms / (k * baseline_tpot_ms)    draft step / target decode step
+        r_measured        = verify_ms / baseline_tpot_ms         verify forward / decode step
+        predicted_speedup = tokens_per_round / (k * c_measured + r)
+
+    with r = r_measured, or, where `verify_curve` is given (see verify_ratio: q -> t(q)/t(1)
+    from a separate verify-cost benchmark, optionally per batch_size), r = the curve at
+    q = verify_positions (k + 1 for a chain), also written as r_curve. tokens_per_round is the
+    run's measured value, so the prediction isolates the timing model from acceptance.
+
+    baseline_tpot_ms falls back to speedup * tpot_ms (the run's own baseline TPOT) where it is
+    missing. Rows without the cost columns (older runs), and baseline rows (k NaN), get NaN;
+    nothing raises for missing columns or None values."""
+    out = df.copy()
+    k = _numeric(out, "k").where(lambda v: v > 0)
+    t1 = _numeric(out, "baseline_tpot_ms").fillna(_numeric(out, "speedup") * _numeric(out, "tpot_ms"))
+    t1 = t1.where(t1 > 0)
+    out["c_measured"] = _numeric(out, "draft_ms") / (k * t1)
+    out["r_measured"] = (_numeric(out, "verify_ms") / t1).where(k.notna())
+    r = out["r_measured"]
+    if verify_curve is not None:
+        batch = _numeric(out, "batch_size") if "batch_size" in out.columns else None
+        out["r_curve"] = verify_ratio(verify_curve, verify_positions(out).where(k.notna()), batch)
+        r = out["r_curve"]
+    out["predicted_speedup"] = predicted_speedup(_numeric(out, "tokens_per_round"), k, out["c_measured"], r)
+    return out
+
+
+def synthetic_rate(df: pd.DataFrame) -> pd.Series:
+    """The constant per-position acceptance a of synthetic-control rows (NaN for other rows).
+
+    The row does not record drafter.acceptance_rates (only config.yaml does), so in order:
+    a `synthetic_rate` column where present; else the pooled conditional acceptance of
+    accept_pos / accept_reached (pooled_acceptance: an estimate of a); else a solved from the
+    row's acceptance_rate = accepted / drafted, which for i.i.d. a and a chain of k is
+    (tau(a, k) - 1) / k, *not* a itself (a = 0.8, k = 4 -> 0.59)."""
+    synthetic = (df["drafter"] == "synthetic") if "drafter" in df.columns else pd.Series(False, index=df.index)
+    rate = _numeric(df, "synthetic_rate")
+    if "accept_pos" in df.columns:
+        reached = df["accept_reached"] if "accept_reached" in df.columns else [None] * len(df)
+        pooled = pd.Series([pooled_acceptance(p, n) for p, n in zip(df["accept_pos"], reached)], index=df.index)
+        rate = rate.fillna(pooled)
+    rate = rate.fillna(pd.Series(iid_rate_from_acceptance(_numeric(df, "acceptance_rate"), _numeric(df, "k")),
+                                 index=df.index))
+    return rate.where(synthetic)
+
+
+def iid_rate_from_acceptance(acceptance_rate, k) -> np.ndarray:
+    """The per-position a with (tau(a, k) - 1) / k = acceptance_rate (accepted / drafted for a
+    chain), by bisection: the inverse of the i.i.d. model, increasing in a. NaN in, NaN out."""
+    target, k = np.broadcast_arrays(np.asarray(acceptance_rate, dtype=float), np.asarray(k, dtype=float))
+    low, high = np.zeros(target.shape), np.ones(target.shape)
+    for _ in range(60):
+        mid = (low + high) / 2
+        with np.errstate(divide="ignore", invalid="ignore"):
+            below = (expected_tokens(mid, k) - 1) / k < target
+        low, high = np.where(below, mid, low), np.where(below, high, mid)
+    return np.where(np.isnan(target) | np.isnan(k) | (k <= 0), np.nan, (low + high) / 2)
+
+
+def _numeric(frame: pd.DataFrame, column: str) -> pd.Series:
+    """`column` as floats (None -> NaN), or all NaN where the frame lacks it."""
+    if column not in frame.columns:
+        return pd.Series(np.nan, index=frame.index, dtype=float)
+    return pd.to_numeric(frame[column], errors="coerce").astype(float)
+
+
+def _scalar(value: np.ndarray):
+    return float(value) if np.ndim(value) == 0 else value
+
+
+def _is_list_of_lists(values) -> bool:
+    if isinstance(values, pd.Series):
+        return True
+    first = next((v for v in values if v is not None), None)
+    return isinstance(first, (list, tuple, np.ndarray))
+
+
+def _at_q1(curve: pd.DataFrame, time: str):
+    """t(1) for each row of the curve: per batch_size where the curve has one."""
+    ones = curve[curve.q == 1]
+    if ones.empty:
+        raise ValueError("verify_curve has times but no q = 1 to normalise them by")
+    if "batch_size" in curve.columns:
+        return curve.batch_size.map(ones.groupby("batch_size")[time].mean())
+    return float(ones[time].mean())
+
+
+def _interp(curve: pd.DataFrame, q: np.ndarray) -> np.ndarray:
+    points = curve.groupby("q")["r"].mean().sort_index()
+    xs, ys = points.index.to_numpy(dtype=float), points.to_numpy(dtype=float)
+    return np.interp(q, xs, ys, left=np.nan, right=np.nan) if len(xs) else np.full(np.shape(q), np.nan)

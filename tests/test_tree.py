@@ -4,9 +4,9 @@ against separate branch forwards, KV compaction, and the rules walking a tree.""
 import pytest
 import torch
 
-from specbench.engines.hf import HFEngine
+from conftest import ENGINES, make_engine
 from specbench.rules import verify_siblings, verify_tree
-from specbench.tree import attention_mask, compile_tree, select_nodes, with_root
+from specbench.tree import compile_tree, select_nodes, with_root
 
 
 def test_three_node_tree_buffers():
@@ -52,25 +52,25 @@ def test_compile_tree_rejects_bad_parents():
         compile_tree(torch.tensor([-1, 2, 0]))
 
 
-def test_tree_forward_matches_each_branch_and_compaction_keeps_the_path(tiny_model):
+@pytest.mark.parametrize("kind", ENGINES)
+def test_tree_forward_matches_each_branch_and_compaction_keeps_the_path(tiny_model, kind):
     """One masked forward over a tree gives, at every node, the logits of running its branch
     alone; keeping a path that is not the first children leaves the cache equal to a plain
     forward over the path."""
-    prefix = torch.tensor([[5, 6, 7]])
+    prefix = torch.tensor([5, 6, 7])
     # root 8; children 9, 10; 10 has child 11; 9 has child 12
     tokens = torch.tensor([[8, 9, 10, 11, 12]])
     tree = compile_tree(torch.tensor([-1, 0, 0, 2, 1]))
-    engine = HFEngine(tiny_model)
-    engine.prefill(prefix)
-    start = engine.length  # 3: the prefill reads the prompt; its last token's logits come back
-    mask = attention_mask(start, tree.mask, engine.dtype, engine.device)
-    logits = engine.forward(tokens, tree_mask=mask, depth=tree.depth)[0]  # [5, V]
+    engine = make_engine(kind, tiny_model)
+    engine.prefill(0, prefix)
+    assert engine.length == [3]  # the prefill reads the prompt; its last token's logits come back
+    logits = engine.forward(tokens, tree.depth[None], tree.mask[None])[0]  # [5, V]
     with torch.no_grad():
         for node, branch in enumerate([[8], [8, 9], [8, 10], [8, 10, 11], [8, 9, 12]]):
-            alone = tiny_model(torch.cat([prefix, torch.tensor([branch])], 1)).logits[0, -1]
+            alone = tiny_model(torch.cat([prefix, torch.tensor(branch)])[None]).logits[0, -1]
             torch.testing.assert_close(logits[node], alone, rtol=1e-4, atol=1e-4)
-    engine.keep_path(start, torch.tensor([0, 2, 3]))  # root, 10, 11
-    assert engine.length == start + 3
+    engine.advance([[0, 2, 3]])  # root, 10, 11
+    assert engine.length == [6]
     after = engine.forward(torch.tensor([[13]]))[0, -1]
     with torch.no_grad():
         plain = tiny_model(torch.tensor([[5, 6, 7, 8, 10, 11, 13]])).logits[0, -1]

@@ -9,9 +9,10 @@ siblings appear in the order the rules try them (the drafter's preference, best 
 is the tree whose parents are 0, 1, ..., M-1; it is given as `parents=None`.
 
 Drafters hold no per-round bookkeeping that the runner must call: each proposal is a function
-of the state, which carries the whole history. A drafter with a KV cache of its own keeps it
-keyed by the tokens it has seen and crops it to the common prefix with the new history (that is
-how it rolls back rejected drafts).
+of the state, which carries the whole history. A drafter with a KV cache of its own keeps one per
+request id, keyed by the tokens it has seen, and crops it to the common prefix with the new
+history (that is how it rolls back rejected drafts); its `release(request_ids)`, which the runner
+calls for finished requests when the drafter has one, frees them.
 """
 
 from __future__ import annotations

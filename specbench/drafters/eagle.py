@@ -8,9 +8,10 @@ target's feature (EAGLE's feature-level autoregression). Pairs built from the he
 states are never kept: the next round replaces them with the target's real features.
 
 EAGLE reads the target's final-norm output; EAGLE-3 three hidden states (low, middle, high),
-concatenated and projected by its `fc`. Both draft chains or EAGLE-2 trees (drafters.expand).
+concatenated and projected by its `fc`. Both draft chains or EAGLE-2 trees (drafters.expand) for
+B requests at a time, each with a head cache of its own until `release`.
 
-Letters: W rows (1, or the tree's frontier), V vocabulary, H head width, D feature width.
+Letters: B requests, W rows (1, or the tree's frontier), V vocabulary, H head width, D feature width.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import torch
 from specbench import fetch
 from specbench.config import ConfigError, EagleConfig
 from specbench.drafters.base import DraftProposal, DraftState
-from specbench.drafters.expand import check_sample_method, draft
+from specbench.drafters.expand import Steppers, check_sample_method, draft
 from specbench.drafters.lm_stepper import common_prefix
 from specbench.heads import HeadCache, load_head
 from specbench.models import looks_local
@@ -47,8 +48,8 @@ class EagleStepper:
         self.last = hidden[:, -1]
         return logits
 
-    def sync(self, state: DraftState) -> torch.Tensor:
-        history, features = state.tokens[0], state.features[0]  # [n], [n - 1, D]
+    def sync(self, history: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        """history: [n], features: [n - 1, D] -> logits [1, V] of the first draft."""
         n = history.shape[0]
         targets = history[1:].cpu()  # [n - 1] token paired with each feature
         common = common_prefix(self.seen, targets)
@@ -93,7 +94,7 @@ class EagleDrafter:
                 raise ConfigError("drafter.path", path, f"holds an {found} head, not {kind}")
         self.vocab_size = raw.get("vocab_size")
         self.feature_layers: tuple = ()  # known once the head is attached to its target
-        self.stepper: Optional[EagleStepper] = None
+        self.steppers: Optional[Steppers] = None  # request id -> EagleStepper
         self.generator: Optional[torch.Generator] = None
 
     @classmethod
@@ -103,8 +104,12 @@ class EagleDrafter:
     def attach(self, target) -> None:
         head = load_head(self.local if self.local.is_dir() else self.path, target)
         self.feature_layers = tuple(head.config.feature_layers)
-        self.stepper = EagleStepper(head)
+        self.steppers = Steppers(lambda: EagleStepper(head))
         self.generator = torch.Generator(next(head.parameters()).device).manual_seed(self.seed)
 
     def propose(self, state: DraftState) -> DraftProposal:
-        return draft(self.stepper, state, self.method, self.params, self.generator)
+        return draft(self.steppers, state, self.method, self.params, self.generator)
+
+    def release(self, request_ids) -> None:
+        """Forget finished requests: their steppers and caches."""
+        self.steppers.release(request_ids)

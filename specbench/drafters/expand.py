@@ -15,12 +15,18 @@ tree (topk > 1, or num_draft_tokens set): EAGLE-2's expansion. Step 1 keeps the 
     mass on each node. The frontier is a batch of topk rows whose caches are reordered by parent
     as in beam search.
 
-Letters: W frontier rows, V vocabulary, k steps.
+A batch of B requests is drafted request by request, in batch order (so one generator samples
+them in that order): each request id keeps a stepper of its own (`Steppers`), whose cache is
+extended round after round whatever else was drafted in between, until the drafter's
+`release(request_ids)` drops it.
+
+Letters: B requests, M draft columns (k for chains, max_nodes for trees), W frontier rows,
+V vocabulary, k steps.
 """
 
 from __future__ import annotations
 
-from typing import Optional, Protocol
+from typing import Callable, Hashable, Iterable, Optional, Protocol
 
 import torch
 
@@ -33,8 +39,9 @@ SAMPLE_METHODS = ("greedy", "probabilistic")
 
 
 class Stepper(Protocol):
-    def sync(self, state: DraftState) -> torch.Tensor:
-        """Bring the cache to the request's history (one row) -> logits [1, V] of the next token."""
+    def sync(self, tokens: torch.Tensor, features: Optional[torch.Tensor]) -> torch.Tensor:
+        """Bring the cache to one request's history, tokens [T] (features [T - 1, D] or None)
+        -> logits [1, V] of the next token."""
 
     def feed(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens: [W] one new token per row -> logits [W, V] of the token after it."""
@@ -44,6 +51,23 @@ class Stepper(Protocol):
 
     def restart(self) -> None:
         """Forget the draft rows and tokens fed since `sync` (after a tree)."""
+
+
+class Steppers(dict):
+    """Request id -> its stepper, made by `make` at the request's first draft."""
+
+    def __init__(self, make: Callable[[], Stepper]):
+        super().__init__()
+        self.make = make
+
+    def __missing__(self, request_id: Hashable) -> Stepper:
+        self[request_id] = stepper = self.make()
+        return stepper
+
+    def release(self, request_ids: Iterable[Hashable]) -> None:
+        """Forget these requests' steppers and caches (unknown ids are ignored)."""
+        for request_id in request_ids:
+            self.pop(request_id, None)
 
 
 def check_sample_method(method: str) -> None:
@@ -57,22 +81,40 @@ def is_chain(state: DraftState) -> bool:
 
 @torch.inference_mode()
 def draft(
-    stepper: Stepper,
+    steppers: Steppers,
     state: DraftState,
     method: str,
     params: SamplingParams,
     generator: Optional[torch.Generator],
 ) -> DraftProposal:
-    """One request's proposal (state.tokens has one row): a chain or a tree, by the state's shape."""
-    assert len(state.tokens) == 1, "model drafters draft one request at a time"
-    logits = stepper.sync(state)  # [1, V]
-    if is_chain(state):
-        return _chain(stepper, logits, state.k, method, params, generator)
-    return _tree(stepper, logits, state)
+    """B requests' proposals, each from its request's stepper: chains or trees, by the state's shape."""
+    B = len(state.tokens)
+    ids = state.request_ids or tuple(range(B))
+    assert len(ids) == B, (ids, B)
+    chain, greedy = is_chain(state), method == "greedy" or params.greedy
+    M = state.k if chain else state.max_nodes
+    tokens = torch.full((B, M), -1, dtype=torch.int64)  # [B, M]
+    parents = None if chain else torch.zeros((B, M), dtype=torch.int64)  # [B, M], 0 in unused columns
+    num = torch.zeros(B, dtype=torch.int64)  # [B]
+    probs = []  # B x [k, V] (probabilistic chains)
+    for b, request_id in enumerate(ids):
+        stepper = steppers[request_id]
+        features = None if state.features is None else state.features[b]
+        logits = stepper.sync(state.tokens[b], features)  # [1, V]
+        if chain:
+            row, q = _chain(stepper, logits, state.k, greedy, params, generator)  # [k], [k, V] or None
+            probs.append(q)
+        else:
+            row, tree_parents = _tree(stepper, logits, state)  # [m], [m]
+            parents[b, : row.shape[0]] = tree_parents
+        tokens[b, : row.shape[0]] = row
+        num[b] = row.shape[0]
+    q = None if greedy or not chain else torch.stack(probs)  # [B, k, V]: chains fill their k columns
+    return DraftProposal(tokens, num, q, parents)
 
 
-def _chain(stepper, logits, k, method, params, generator) -> DraftProposal:
-    greedy = method == "greedy" or params.greedy
+def _chain(stepper, logits, k, greedy, params, generator) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """-> tokens [k] on the CPU, q [k, V] (None when greedy)."""
     tokens, probs = [], []
     for i in range(k):
         if greedy:
@@ -84,14 +126,11 @@ def _chain(stepper, logits, k, method, params, generator) -> DraftProposal:
         tokens.append(token)
         if i + 1 < k:
             logits = stepper.feed(token)
-    return DraftProposal(
-        tokens=torch.stack(tokens, 1).cpu(),  # [1, k]
-        num_tokens=torch.tensor([k]),
-        probs=None if greedy else torch.stack(probs, 1),  # [1, k, V]
-    )
+    return torch.cat(tokens).cpu(), None if greedy else torch.cat(probs)
 
 
-def _tree(stepper, logits, state: DraftState) -> DraftProposal:
+def _tree(stepper, logits, state: DraftState) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> tokens [m] and parents [m] in 0..m on the CPU, m <= state.max_nodes."""
     topk = state.topk
     logp = torch.log_softmax(logits.float(), -1)  # [1, V]
     scores, tokens = logp[0].topk(topk)  # [W], [W]
@@ -113,9 +152,4 @@ def _tree(stepper, logits, state: DraftState) -> DraftProposal:
         stepper.select(best // topk)  # each new row continues its parent's cache
     stepper.restart()
     kept, parents = select_nodes(torch.cat(all_parents), torch.cat(all_scores).cpu(), state.max_nodes)
-    m = kept.shape[0]
-    return DraftProposal(
-        tokens=torch.cat(all_tokens).cpu()[kept].unsqueeze(0),  # [1, m]
-        num_tokens=torch.tensor([m]),
-        parents=parents.unsqueeze(0),  # [1, m]
-    )
+    return torch.cat(all_tokens).cpu()[kept], parents

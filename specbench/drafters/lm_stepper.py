@@ -1,9 +1,10 @@
 """A stepper over a transformers causal LM with a DynamicCache of its own (specbench.drafters.expand).
 
-Used by the draft-model and layer-skip drafters. The cache is keyed by the tokens it has read:
-`sync` crops it to the common prefix with the request's history and reads the rest, which is
-how rejected drafts are rolled back and accepted ones are kept (a chain's accepted drafts are
-already in the cache; a tree's rows are dropped after drafting and its path is read again).
+Used by the draft-model, layer-skip and synthetic drafters, one stepper per request. The cache
+is keyed by the tokens it has read: `sync` crops it to the common prefix with the request's
+history and reads the rest, which is how rejected drafts are rolled back and accepted ones are
+kept (a chain's accepted drafts are already in the cache; a tree's rows are dropped after
+drafting and its path is read again).
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from specbench.drafters.base import DraftState
 from specbench.engines.hf import cache_kwarg, crop
 
 
@@ -29,8 +29,9 @@ class LMStepper:
         out = self.model(input_ids=input_ids.to(self.device), use_cache=True, **{self._cache_arg: self.cache})
         return out.logits
 
-    def sync(self, state: DraftState) -> torch.Tensor:
-        history = state.tokens[0].cpu()  # [T]
+    def sync(self, tokens: torch.Tensor, features=None) -> torch.Tensor:
+        """tokens: [T] the request's history -> logits [1, V] (features unused)."""
+        history = tokens.cpu()  # [T]
         common = common_prefix(self.seen, history)
         # Read at least the last token: its logits are the first draft's distribution.
         keep = min(common, history.shape[0] - 1)

@@ -6,7 +6,8 @@ acceptance is dictated: draft position i is accepted with the prescribed conditi
 a_i, given 0..i-1 accepted. The round then emits the accepted drafts and one token from the
 target's p at the stopping position. Tokens per round are therefore controlled exactly,
 E = sum_{j=0..k} prod_{i<j} a_i; the text is *not* the target's (drafts are accepted whatever
-the target thinks), so its rows have no greedy-equality check. Chains only.
+the target thinks), so its rows have no greedy-equality check. Chains only, for B requests at a
+time, each with a draft cache of its own until `release`.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import torch
 
 from specbench.config import ConfigError, SyntheticConfig
 from specbench.drafters.base import DraftProposal, DraftState
-from specbench.drafters.expand import draft, is_chain
+from specbench.drafters.expand import Steppers, draft, is_chain
 from specbench.drafters.layerskip import truncated
 from specbench.drafters.lm_stepper import LMStepper
 from specbench.sampling import SamplingParams
@@ -33,14 +34,15 @@ class SyntheticDrafter:
             raise ConfigError("drafter.acceptance_rates", acceptance_rates, "need one or more rates in [0, 1]")
         self.rates, self.draft_layers, self.params = rates, draft_layers, params
         self.coins = torch.Generator().manual_seed(seed)
-        self.stepper: Optional[LMStepper] = None
+        self.steppers: Optional[Steppers] = None  # request id -> LMStepper
 
     @classmethod
     def from_config(cls, cfg: SyntheticConfig, params: SamplingParams, seed: int = 0) -> SyntheticDrafter:
         return cls(list(cfg.acceptance_rates), cfg.draft_layers, params, seed)
 
     def attach(self, target) -> None:
-        self.stepper = LMStepper(truncated(target, self.draft_layers))
+        view = truncated(target, self.draft_layers)
+        self.steppers = Steppers(lambda: LMStepper(view))
 
     def rate(self, i: int) -> float:
         """Conditional acceptance of draft position i (0-based); the last rate repeats."""
@@ -49,7 +51,11 @@ class SyntheticDrafter:
     def propose(self, state: DraftState) -> DraftProposal:
         if not is_chain(state):
             raise ConfigError("tree.topk", state.topk, "the synthetic control drafts chains only (topk=1)")
-        return draft(self.stepper, state, "greedy", self.params, None)
+        return draft(self.steppers, state, "greedy", self.params, None)
+
+    def release(self, request_ids) -> None:
+        """Forget finished requests: their steppers and caches."""
+        self.steppers.release(request_ids)
 
     def forced_acceptance(self, num_drafted: int) -> int:
         """The accepted prefix length for a round of num_drafted drafts."""

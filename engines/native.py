@@ -1,0 +1,321 @@
+"""The `native` engine: a compact Llama / Mistral / Qwen2 over a static KV cache, for speed.
+
+It loads the same Hugging Face weights as the `hf` engine (q/k/v and gate/up fused into one
+matrix each) and computes the same function; tests hold the two to fp32 logits within 1e-4.
+
+The cache is one preallocated tensor per layer, [rows, Hkv, S, hd], with a length per row.
+Every forward writes its q new entries at slots length .. length + q - 1 of each row and
+attends through a boolean mask built from the lengths, so rows hold requests of any length
+(ragged batches) and idle rows cost only compute. Nothing is copied to roll back: a row's
+length is simply set past what it keeps, and later writes overwrite the rest. A tree's
+accepted path is made contiguous by moving its few entries (SGLang's move_kv_cache).
+
+A chain and a tree are one code path: the q inputs carry a depth (their position offset) and
+an ancestor mask [q, q] (lower-triangular for a chain). On CUDA each forward shape [rows, q] is
+captured once in a CUDA graph and replayed: the host then issues one launch per forward.
+
+Letters: B rows (requests), q positions in one forward, S cache slots, L layers, H query
+heads, Hkv key/value heads, G = H / Hkv, hd head size, D model width, V vocabulary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+FAMILIES = ("llama", "mistral", "qwen2")
+
+
+@dataclass(frozen=True)
+class Shape:
+    vocab_size: int
+    dim: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    hidden: int  # MLP intermediate size
+    eps: float
+    qkv_bias: bool = False  # Qwen2
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """K and V of one token over every layer, at 2 bytes per element (bf16)."""
+        return 2 * self.layers * self.kv_heads * self.head_dim * 2
+
+    @classmethod
+    def of(cls, config) -> Shape:
+        config = getattr(config, "text_config", config)
+        if config.model_type not in FAMILIES:
+            raise ValueError(f"engine=native runs the {', '.join(FAMILIES)} families, not model_type={config.model_type}")
+        if getattr(config, "mlp_bias", False) or getattr(config, "hidden_act", "silu") != "silu":
+            raise ValueError("engine=native: a biased or non-SiLU MLP is not supported; use engine=hf")
+        heads = config.num_attention_heads
+        return cls(
+            vocab_size=config.vocab_size, dim=config.hidden_size, layers=config.num_hidden_layers, heads=heads,
+            kv_heads=config.num_key_value_heads or heads,
+            head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
+            hidden=config.intermediate_size, eps=config.rms_norm_eps,
+            qkv_bias=config.model_type == "qwen2" or bool(getattr(config, "attention_bias", False)),
+        )
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Llama's RMSNorm: normalised in fp32, scaled in the input dtype."""
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, self.weight, self.eps)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [B, q, heads, hd]; cos, sin: [B, q, 1, hd] (halves rotated, as in Llama)."""
+    x1, x2 = x.chunk(2, -1)
+    return x * cos + torch.cat([-x2, x1], -1) * sin
+
+
+def block(s: Shape, x, cos, sin, mask, k_cache, v_cache, rows, slots, attention_norm, wqkv, bqkv, wo, ffn_norm, w13, w2):
+    """One decoder layer as a function of its weights, so that one compiled function serves
+    every layer. x: [B, q, D]; mask: [B, 1, G*q, S] bool; k_cache, v_cache: [B, Hkv, S, hd];
+    rows: [B, 1], slots: [B, q] where the new entries go."""
+    B, q, _ = x.shape
+    G = s.heads // s.kv_heads
+    qkv = F.linear(rms_norm(x, attention_norm, s.eps), wqkv, bqkv)
+    xq, xk, xv = qkv.split([s.heads * s.head_dim, s.kv_heads * s.head_dim, s.kv_heads * s.head_dim], -1)
+    xq = rotate(xq.view(B, q, s.heads, s.head_dim), cos, sin)
+    xk = rotate(xk.view(B, q, s.kv_heads, s.head_dim), cos, sin)
+    k_cache[rows, :, slots] = xk  # advanced indices first: the value is [B, q, Hkv, hd]
+    v_cache[rows, :, slots] = xv.view(B, q, s.kv_heads, s.head_dim)
+    # Query heads grouped under their key/value head: one attention per Hkv, no K/V repeat.
+    xq = xq.view(B, q, s.kv_heads, G, s.head_dim).permute(0, 2, 3, 1, 4).reshape(B, s.kv_heads, G * q, s.head_dim)
+    o = F.scaled_dot_product_attention(xq, k_cache, v_cache, attn_mask=mask)  # [B, Hkv, G*q, hd]
+    o = o.view(B, s.kv_heads, G, q, s.head_dim).permute(0, 3, 1, 2, 4).reshape(B, q, s.heads * s.head_dim)
+    x = x + F.linear(o, wo)
+    gate, up = F.linear(rms_norm(x, ffn_norm, s.eps), w13).chunk(2, -1)
+    return x + F.linear(F.silu(gate) * up, w2)
+
+
+class Block(nn.Module):
+    def __init__(self, s: Shape):
+        super().__init__()
+        self.attention_norm = RMSNorm(s.dim, s.eps)
+        self.wqkv = nn.Linear(s.dim, (s.heads + 2 * s.kv_heads) * s.head_dim, bias=s.qkv_bias)
+        self.wo = nn.Linear(s.heads * s.head_dim, s.dim, bias=False)
+        self.ffn_norm = RMSNorm(s.dim, s.eps)
+        self.w13 = nn.Linear(s.dim, 2 * s.hidden, bias=False)  # gate and up
+        self.w2 = nn.Linear(s.hidden, s.dim, bias=False)
+
+    @property
+    def weights(self) -> tuple:
+        return (self.attention_norm.weight, self.wqkv.weight, self.wqkv.bias, self.wo.weight,
+                self.ffn_norm.weight, self.w13.weight, self.w2.weight)
+
+
+class Transformer(nn.Module):
+    def __init__(self, s: Shape, inv_freq: torch.Tensor, rope_scale: float = 1.0):
+        super().__init__()
+        self.s = s
+        self.tok_embeddings = nn.Embedding(s.vocab_size, s.dim)
+        self.layers = nn.ModuleList(Block(s) for _ in range(s.layers))
+        self.norm = RMSNorm(s.dim, s.eps)
+        self.output = nn.Linear(s.dim, s.vocab_size, bias=False)
+        self.register_buffer("inv_freq", inv_freq.float().clone(), persistent=False)  # [hd / 2]
+        self.rope_scale = rope_scale  # transformers' attention_scaling (1.0 but for YaRN-like rope)
+
+    def forward(self, tokens, lengths, depth, ancestors, cache_k, cache_v, feature_layers=(), last=None, layer=block):
+        """tokens: [B, q] at depths depth [B, q] past each row's length [B], seeing the cache
+        before it and the inputs in ancestors [B, q, q] (bool, diagonal set). cache_k, cache_v:
+        [L, B, Hkv, S, hd]. -> logits [B, q, V] (or [B, V] at the positions `last` [B]), and
+        the features [B, q, D * len(feature_layers)] (transformers' hidden_states indices:
+        i < L the input of layer i, L the final-norm output) or None. `layer` computes each
+        layer (`block`, or a compiled copy of it)."""
+        s = self.s
+        B, q = tokens.shape
+        S = cache_k.shape[3]
+        G = s.heads // s.kv_heads
+        device = tokens.device
+        rows = torch.arange(B, device=device)[:, None]  # [B, 1]
+        slots = (lengths[:, None] + torch.arange(q, device=device)).clamp(max=S - 1)  # [B, q]
+        rel = torch.arange(S, device=device) - lengths[:, None, None]  # [B, 1, S] slot - length
+        inside = (rel >= 0) & (rel < q)
+        seen = ancestors.gather(2, rel.clamp(0, q - 1).expand(B, q, S)) & inside  # [B, q, S]
+        mask = (rel < 0) | seen
+        mask = mask[:, None, None].expand(B, 1, G, q, S).reshape(B, 1, G * q, S)
+        freqs = (lengths[:, None] + depth).float()[..., None] * self.inv_freq  # [B, q, hd / 2]
+        angles = torch.cat([freqs, freqs], -1)[:, :, None]  # [B, q, 1, hd]
+        x = self.tok_embeddings(tokens)
+        cos = (angles.cos() * self.rope_scale).to(x.dtype)
+        sin = (angles.sin() * self.rope_scale).to(x.dtype)
+        states = {}
+        for i, weights in enumerate(self.layers):
+            if i in feature_layers:
+                states[i] = x
+            x = layer(s, x, cos, sin, mask, cache_k[i], cache_v[i], rows, slots, *weights.weights)
+        x = self.norm(x)
+        states[s.layers] = x
+        features = torch.cat([states[i] for i in feature_layers], -1) if feature_layers else None
+        if last is not None:
+            x = x[rows[:, 0], last]  # [B, D]
+        return self.output(x), features
+
+    @classmethod
+    def from_hf(cls, model) -> Transformer:
+        """The same weights as a transformers Llama / Mistral / Qwen2 model, fused (copies)."""
+        config = getattr(model.config, "text_config", model.config)
+        s = Shape.of(config)
+        if getattr(config, "use_sliding_window", config.model_type == "mistral") and getattr(config, "sliding_window", None):
+            raise ValueError(f"engine=native has no sliding-window attention (sliding_window={config.sliding_window})")
+        rotary = model.model.rotary_emb
+        param = next(model.parameters())
+        with torch.device("meta"):
+            native = cls(s, torch.zeros(s.head_dim // 2), float(getattr(rotary, "attention_scaling", 1.0)))
+        native = native.to_empty(device=param.device).to(param.dtype)
+        native.inv_freq = rotary.inv_freq.detach().float().to(param.device).clone()
+        hf = dict(model.state_dict())
+        own = {"tok_embeddings.weight": hf["model.embed_tokens.weight"], "norm.weight": hf["model.norm.weight"],
+               "output.weight": hf.get("lm_head.weight", hf["model.embed_tokens.weight"])}
+        for i in range(s.layers):
+            p = f"model.layers.{i}."
+            attn = [hf[p + f"self_attn.{n}_proj.weight"] for n in "qkv"]
+            own[f"layers.{i}.wqkv.weight"] = torch.cat(attn)
+            if s.qkv_bias:
+                own[f"layers.{i}.wqkv.bias"] = torch.cat([hf[p + f"self_attn.{n}_proj.bias"] for n in "qkv"])
+            own[f"layers.{i}.wo.weight"] = hf[p + "self_attn.o_proj.weight"]
+            own[f"layers.{i}.w13.weight"] = torch.cat([hf[p + "mlp.gate_proj.weight"], hf[p + "mlp.up_proj.weight"]])
+            own[f"layers.{i}.w2.weight"] = hf[p + "mlp.down_proj.weight"]
+            own[f"layers.{i}.attention_norm.weight"] = hf[p + "input_layernorm.weight"]
+            own[f"layers.{i}.ffn_norm.weight"] = hf[p + "post_attention_layernorm.weight"]
+        native.load_state_dict(own, strict=True)
+        if config.tie_word_embeddings:
+            native.output.weight = native.tok_embeddings.weight
+        return native.eval()
+
+
+def chain(q: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """A chain's depth [q] and ancestor mask [q, q]: input i sees inputs 0..i."""
+    return torch.arange(q, device=device), torch.ones(q, q, dtype=torch.bool, device=device).tril()
+
+
+class NativeEngine:
+    """rows requests of up to max_length tokens each, over one Transformer and its static cache.
+
+    Invariant between calls, per row: the cache holds the row's sequence except its last
+    emitted token, which is the first input of the row's next `forward`."""
+
+    def __init__(self, model: Transformer, rows: int, max_length: int, *, feature_layers: tuple = (),
+                 cuda_graphs: bool = True, compile: bool = False):
+        s = model.s
+        param = next(model.parameters())
+        self.model, self.rows, self.feature_layers = model, rows, tuple(feature_layers)
+        self.device, self.dtype, self.vocab_size = param.device, param.dtype, s.vocab_size
+        self.capacity = max_length + 1  # the last slot takes clamped writes past max_length
+        shape = (s.layers, rows, s.kv_heads, self.capacity, s.head_dim)
+        self.cache_k = torch.zeros(shape, dtype=self.dtype, device=self.device)  # [L, B, Hkv, S, hd]
+        self.cache_v = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self.lengths = torch.zeros(rows, dtype=torch.int64, device=self.device)  # [B]
+        self.kv_bytes_per_token = 2 * s.layers * s.kv_heads * s.head_dim * self.cache_k.element_size()
+        # Regional compilation: one layer's graph, reused by every layer (the weights are inputs);
+        # dynamic in q after the second shape. Prefills run uncompiled: their lengths all differ.
+        self._layer = torch.compile(block, fullgraph=True) if compile else block
+        self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
+        self._graphs: dict = {}  # (q, tree) -> (graph, static inputs, static outputs)
+
+    @property
+    def length(self) -> list:
+        return self.lengths.tolist()
+
+    @torch.inference_mode()
+    def prefill(self, row: int, input_ids: torch.Tensor):
+        """input_ids: [T] a new request's prompt, into row `row` (whatever it held) -> logits
+        [V] for its first new token, and with feature_layers the features [T, D]."""
+        T = input_ids.shape[0]
+        if T + 1 > self.capacity:
+            raise ValueError(f"a prompt of {T} tokens does not fit the engine's max_length {self.capacity - 1}")
+        depth, ancestors = chain(T, self.device)
+        logits, features = self.model(
+            input_ids.to(self.device)[None], self.lengths.new_zeros(1), depth[None], ancestors[None],
+            self.cache_k[:, row : row + 1], self.cache_v[:, row : row + 1], self.feature_layers,
+            last=torch.tensor([T - 1], device=self.device),
+        )
+        self.lengths[row] = T
+        return (logits[0], features[0]) if self.feature_layers else logits[0]
+
+    @torch.inference_mode()
+    def forward(self, tokens: torch.Tensor, depth: Optional[torch.Tensor] = None,
+                ancestors: Optional[torch.Tensor] = None):
+        """tokens: [B, q] per row its last emitted token, then drafts (a chain; or tree nodes
+        with depth [B, q] and ancestors [B, q, q]) -> logits [B, q, V] (and features
+        [B, q, D]). The lengths do not move: `advance` keeps what was accepted."""
+        B, q = tokens.shape
+        assert B == self.rows, (B, self.rows)
+        tree = depth is not None
+        if not tree:
+            d, a = chain(q, self.device)
+            depth, ancestors = d.expand(B, q), a.expand(B, q, q)
+        inputs = (tokens.to(self.device), self.lengths, depth.to(self.device), ancestors.to(self.device))
+        if not self.cuda_graphs:
+            logits, features = self._run(inputs)
+        else:
+            logits, features = self._replay(inputs, tree)
+        return (logits, features) if self.feature_layers else logits
+
+    def _run(self, inputs):
+        return self.model(*inputs, self.cache_k, self.cache_v, self.feature_layers, layer=self._layer)
+
+    def _replay(self, inputs, tree: bool):
+        """A chain's graph keeps its depth and mask from the capture: only the tokens change."""
+        key = (inputs[0].shape[1], tree)
+        if key not in self._graphs:
+            self._graphs[key] = self._capture(inputs)
+        graph, static, out = self._graphs[key]
+        static[0].copy_(inputs[0])
+        if tree:
+            static[2].copy_(inputs[2])
+            static[3].copy_(inputs[3])
+        graph.replay()
+        return out
+
+    def _capture(self, inputs):
+        static = [x.clone() for x in inputs]
+        static[1] = self.lengths  # read in place: the graph always sees the current lengths
+        run = lambda: self._run(static)  # noqa: E731
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):  # warm-up (and compilation) outside the capture
+            for _ in range(2):
+                run()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = run()
+        return graph, static, out
+
+    @torch.inference_mode()
+    def advance(self, keep: list) -> None:
+        """After a forward: row b keeps the inputs keep[b] (ascending input indices, the first
+        input 0 first; empty for an idle row) at contiguous positions. A chain's keep is
+        0..a: no copy, the length moves. A tree path off the first branch moves a entries."""
+        moved = [(b, k) for b, k in enumerate(keep) if len(k) and k[-1] != len(k) - 1]
+        for b, k in moved:
+            start = int(self.lengths[b])
+            src = torch.as_tensor(k, device=self.device) + start
+            dst = torch.arange(start, start + len(k), device=self.device)
+            self.cache_k[:, b, :, dst] = self.cache_k[:, b, :, src]  # gather copies before the write
+            self.cache_v[:, b, :, dst] = self.cache_v[:, b, :, src]
+        self.lengths += torch.tensor([len(k) for k in keep], device=self.device)
+
+    def set_length(self, row: int, length: int) -> None:
+        self.lengths[row] = length

@@ -1,0 +1,280 @@
+"""The native engine on a Llama-3.1-8B-shaped model with random bf16 weights (issue 6, a, b, memory).
+
+  a. decode TPOT at batch 1 against the bandwidth floor (weight bytes over the device-to-device
+     copy bandwidth measured in this run, bytes read plus bytes written), against transformers'
+     static cache with a torch.compile(mode="reduce-overhead") decode step, and against
+     transformers' `generate`;
+  b. the verify forward's cost t(q), q = 1..33 positions, at context 512 and 4096;
+  m. memory: batch 48 at context 4096 (weights, KV cache, peak) and its decode step.
+
+    python experiments/engine_bench.py OUT [--parts a,b,m] [--tiny]
+
+--tiny runs every code path on a 2-layer model (CPU is fine) to check the script, not to time.
+Writes OUT/engine_bench.json (every number, with provenance) and prints a table last.
+Timing: CUDA events around many steps after warm-up, the median of several repeats.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+from specbench import provenance
+from specbench.engines.native import NativeEngine, Transformer
+
+LLAMA_8B = dict(
+    vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+    num_key_value_heads=8, max_position_embeddings=131072, rope_theta=500000.0, tie_word_embeddings=False,
+    rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                      original_max_position_embeddings=8192),
+)
+TINY = dict(LLAMA_8B, vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2)
+
+
+def clock(device) -> callable:
+    """A stopwatch in ms: CUDA events on a GPU, perf_counter after a synchronize elsewhere."""
+    if device.type == "cuda":
+        def measure(fn, n):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(n):
+                fn()
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end) / n
+    else:
+        def measure(fn, n):
+            t = time.perf_counter()
+            for _ in range(n):
+                fn()
+            return 1e3 * (time.perf_counter() - t) / n
+    return measure
+
+
+def median_ms(fn, device, n: int, repeats: int = 5, warmup: int = 3) -> float:
+    for _ in range(warmup):
+        fn()
+    measure = clock(device)
+    return statistics.median(measure(fn, n) for _ in range(repeats))
+
+
+def copy_bandwidth(device, gib: float) -> float:
+    """Device-to-device copy, bytes read plus bytes written, in bytes/s."""
+    n = int(gib * 2**30) // 4
+    src = torch.randn(n, device=device)
+    dst = torch.empty_like(src)
+    ms = median_ms(lambda: dst.copy_(src), device, n=10)
+    return 2 * src.numel() * 4 / (ms / 1e3)
+
+
+def build_hf(shape: dict, device, dtype):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = LlamaForCausalLM(LlamaConfig(**shape)).to(dtype)
+    return model.eval()
+
+
+def native_decode(native, ctx: int, device, compile: bool, steps: int) -> dict:
+    """Decode steps at batch 1 after a prefill of ctx random tokens: the engine's own loop
+    (inputs copied in, one graph replay, lengths moved), and the graph replay alone."""
+    engine = NativeEngine(native, 1, ctx + steps * 8 + 64, compile=compile)
+    prompt = torch.randint(0, native.s.vocab_size, (ctx,), device=device)
+    engine.prefill(0, prompt)
+    token = torch.randint(0, native.s.vocab_size, (1, 1))
+    done = [0]
+
+    def step():  # one decode step, the sampled token excluded; the cache returns to ctx every 8 steps
+        engine.forward(token)
+        engine.advance([[0]])
+        done[0] += 1
+        if done[0] % 8 == 0:
+            engine.lengths[0] = ctx
+
+    ms = median_ms(step, device, n=steps)
+    out = {"ms": ms}
+    if engine.cuda_graphs:
+        graph = engine._graphs[(1, False)][0]
+        out["replay_ms"] = median_ms(graph.replay, device, n=steps)
+    return out
+
+
+def hf_static_compiled(model, ctx: int, device, steps: int) -> dict:
+    """transformers' fast path: StaticCache and a torch.compile(mode="reduce-overhead") step."""
+    from transformers import StaticCache
+
+    from specbench.engines.hf import cache_kwarg
+
+    arg = cache_kwarg(model)
+    cache = StaticCache(config=model.config, max_cache_len=ctx + steps * 8 + 64)
+    prompt = torch.randint(0, model.config.vocab_size, (1, ctx), device=device)
+    with torch.inference_mode():
+        model(input_ids=prompt, cache_position=torch.arange(ctx, device=device), use_cache=True, **{arg: cache})
+    step_fn = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
+    token = torch.randint(0, model.config.vocab_size, (1, 1), device=device)
+    position = [ctx]
+
+    def step():
+        pos = torch.tensor([position[0]], device=device)
+        with torch.inference_mode():
+            step_fn(input_ids=token, cache_position=pos, position_ids=pos[None], use_cache=True, **{arg: cache})
+        position[0] = ctx + (position[0] + 1 - ctx) % 8
+
+    t = time.perf_counter()
+    for _ in range(3):  # compile and record the graphs
+        step()
+    compile_s = time.perf_counter() - t
+    return {"ms": median_ms(step, device, n=steps), "compile_s": compile_s}
+
+
+def hf_generate(model, ctx: int, device) -> dict:
+    """`generate` (dynamic cache, greedy): the per-token cost from the difference of two lengths."""
+    prompt = torch.randint(0, model.config.vocab_size, (1, ctx), device=device)
+
+    def gen(n):
+        with torch.inference_mode():
+            model.generate(prompt, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
+
+    gen(2)
+    short, long = 4, 20
+    measure = clock(device)
+    t_short = statistics.median(measure(lambda: gen(short), 1) for _ in range(2))
+    t_long = statistics.median(measure(lambda: gen(long), 1) for _ in range(2))
+    return {"ms": (t_long - t_short) / (long - short)}
+
+
+def verify_curve(native, ctx: int, device, compile: bool, qs, steps: int) -> dict:
+    """t(q): one forward of q chain positions at batch 1 over ctx cached tokens."""
+    engine = NativeEngine(native, 1, ctx + max(qs) + 8, compile=compile)
+    engine.prefill(0, torch.randint(0, native.s.vocab_size, (ctx,), device=device))
+    times = {}
+    for q in qs:
+        tokens = torch.randint(0, native.s.vocab_size, (1, q))
+        times[q] = median_ms(lambda: engine.forward(tokens), device, n=steps)  # lengths unchanged: same ctx
+    return times
+
+
+def memory_batch48(native, ctx: int, device, rows: int, steps: int, compile: bool) -> dict:
+    """rows requests at ctx tokens each: the cache allocated, filled with random values (not
+    zeros), and one decode step for all rows."""
+    torch.cuda.reset_peak_memory_stats(device) if device.type == "cuda" else None
+    engine = NativeEngine(native, rows, ctx + 16, compile=compile)
+    for cache in (engine.cache_k, engine.cache_v):
+        for layer in cache:
+            layer.normal_()
+    engine.lengths.fill_(ctx)
+    tokens = torch.randint(0, native.s.vocab_size, (rows, 1))
+    ms = median_ms(lambda: engine.forward(tokens), device, n=steps)
+    out = {"rows": rows, "ctx": ctx, "step_ms": ms, "tokens_per_s": rows / (ms / 1e3),
+           "kv_cache_gb": 2 * engine.cache_k.numel() * engine.cache_k.element_size() / 1e9,
+           "kv_bytes_per_token": engine.kv_bytes_per_token}
+    if device.type == "cuda":
+        out["peak_memory_gb"] = torch.cuda.max_memory_allocated(device) / 1e9
+        out["device_memory_gb"] = torch.cuda.get_device_properties(device).total_memory / 1e9
+    del engine
+    return out
+
+
+def attempt(results: dict, key: str, fn):
+    t = time.perf_counter()
+    try:
+        results[key] = fn()
+    except Exception as e:  # one failed measurement must not lose the others
+        traceback.print_exc()
+        results[key] = {"error": f"{type(e).__name__}: {e}".splitlines()[0]}
+    print(f"[{time.perf_counter() - t:6.1f} s] {key}: {results[key]}", flush=True)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--parts", default="a,b,m")
+    ap.add_argument("--tiny", action="store_true")
+    args = ap.parse_args(argv)
+    parts = set(args.parts.split(","))
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    shape = TINY if args.tiny else LLAMA_8B
+    steps = 5 if args.tiny else 50
+    ctx = 64 if args.tiny else 512
+    import importlib.metadata
+
+    import transformers
+
+    try:
+        triton_version = importlib.metadata.version("triton")
+    except importlib.metadata.PackageNotFoundError:
+        triton_version = None
+    results = {"device": provenance.device_name(device), "torch": torch.__version__,
+               "transformers": transformers.__version__, "triton": triton_version,
+               "git_sha": provenance.git_sha(), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+               "shape": {k: v for k, v in shape.items() if k != "rope_scaling"}, "dtype": str(dtype), "ctx": ctx}
+    model = build_hf(shape, device, dtype)
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    results["weight_bytes"] = weight_bytes
+    attempt(results, "copy_bandwidth", lambda: copy_bandwidth(device, 0.05 if args.tiny else 4.0))
+    results["floor_ms"] = weight_bytes / results["copy_bandwidth"] * 1e3
+    native = Transformer.from_hf(model)
+
+    if "a" in parts:
+        attempt(results, "native_graphs", lambda: native_decode(native, ctx, device, False, steps))
+        attempt(results, "native_compiled_graphs", lambda: native_decode(native, ctx, device, True, steps))
+        attempt(results, "hf_static_compiled", lambda: hf_static_compiled(model, ctx, device, steps))
+        attempt(results, "hf_generate", lambda: hf_generate(model, ctx, device))
+    if "b" in parts or "m" in parts:
+        del model  # the native copy is all that is left to time
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    if "b" in parts:
+        qs = list(range(1, 34))
+        for c in ((32, 128) if args.tiny else (512, 4096)):
+            attempt(results, f"verify_ctx{c}", lambda: verify_curve(native, c, device, True, qs, steps))
+    if "m" in parts:
+        attempt(results, "memory_batch48_ctx4096",
+                lambda: memory_batch48(native, 128 if args.tiny else 4096, device, 48, steps, True))
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "engine_bench.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
+    print_table(results)
+    return 0
+
+
+def print_table(r: dict) -> None:
+    floor = r["floor_ms"]
+    print(f"\n{r['device']}  torch {r['torch']}  transformers {r['transformers']}  {r['date']}  sha {r['git_sha']}")
+    print(f"weights {r['weight_bytes'] / 1e9:.2f} GB, copy bandwidth {r['copy_bandwidth'] / 1e12:.2f} TB/s, floor {floor:.2f} ms")
+    print("a. decode at batch 1                     ms/token   x floor")
+    for key in ("native_graphs", "native_compiled_graphs", "hf_static_compiled", "hf_generate"):
+        v = r.get(key, {})
+        if "ms" in v:
+            print(f"   {key:34s} {v['ms']:8.2f}  {v['ms'] / floor:7.2f}" + (f"   (replay alone {v['replay_ms']:.2f})" if "replay_ms" in v else ""))
+        elif v:
+            print(f"   {key:34s} {v}")
+    best = min((r[k]["ms"] for k in ("native_graphs", "native_compiled_graphs") if "ms" in r.get(k, {})), default=None)
+    for key in ("hf_static_compiled", "hf_generate"):
+        if best and "ms" in r.get(key, {}):
+            print(f"   native vs {key}: {r[key]['ms'] / best:.1f} x faster")
+    for key in [k for k in r if k.startswith("verify_ctx")]:
+        t = r[key]
+        if "error" in t:
+            print(f"b. {key}: {t}")
+            continue
+        t = {int(q): v for q, v in t.items()}
+        row = "  ".join(f"{q}:{t[q]:.2f}" for q in (1, 2, 4, 5, 8, 9, 16, 17, 24, 33))
+        print(f"b. {key} t(q) ms  {row}   t(9)/t(1) = {t[9] / t[1]:.3f}")
+    m = r.get("memory_batch48_ctx4096")
+    if m:
+        print(f"m. batch 48, ctx 4096: {m}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

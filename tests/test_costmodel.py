@@ -1,0 +1,159 @@
+"""The speculative-decoding cost model (specbench.analysis) and its figure: hand-computed values,
+cost_model over a small frame (with rows lacking costs), and the figure rendered headless."""
+
+import math
+
+import matplotlib
+import numpy as np
+import pandas as pd
+import pytest
+from matplotlib.collections import PathCollection
+
+from specbench import analysis, figures
+from specbench.analysis import (
+    cost_model, expected_tokens, expected_tokens_from_positions, iid_rate_from_acceptance, predicted_speedup,
+    synthetic_rate, verify_ratio,
+)
+
+matplotlib.use("Agg")
+
+
+def test_expected_tokens_by_hand():
+    assert expected_tokens(0.5, 2) == pytest.approx(1.75)  # 1 + 0.5 + 0.25
+    assert expected_tokens(0.8, 4) == pytest.approx(1 + 0.8 + 0.64 + 0.512 + 0.4096)
+    assert expected_tokens(1.0, 4) == 5.0 and expected_tokens(1, 1) == 2.0  # exact at a = 1
+    assert expected_tokens(0.0, 3) == 1.0 and expected_tokens(0.3, 0) == 1.0
+    assert expected_tokens(1 - 1e-12, 3) == pytest.approx(4.0, abs=1e-9)  # no cancellation near 1
+    out = expected_tokens(np.array([0.5, 1.0, np.nan]), np.array([2, 3, 2]))
+    np.testing.assert_allclose(out, [1.75, 4.0, np.nan])
+    assert expected_tokens(0.6, 3) == pytest.approx(analysis.expected_tokens_per_round(0.6, 3))
+
+
+def test_expected_tokens_from_conditional_positions():
+    # accept_pos is conditional (metrics.SpecStats.accept_pos): tau = 1 + a1 + a1 a2 + ...
+    assert expected_tokens_from_positions([0.5, 0.5]) == pytest.approx(1.75)
+    assert expected_tokens_from_positions([0.9, 0.5]) == pytest.approx(2.35)  # unconditional would be 2.4
+    assert expected_tokens_from_positions([1.0, 1.0, 1.0]) == 4.0
+    assert expected_tokens_from_positions([0.0, None]) == 1.0  # never reached behind a rejection
+    assert math.isnan(expected_tokens_from_positions([0.5, None]))  # reachable but unrecorded
+    np.testing.assert_allclose(expected_tokens_from_positions(pd.Series([[0.5, 0.5], None, [1, 1]])),
+                               [1.75, np.nan, 3.0])
+    # constant conditional rate a: the same as the i.i.d. formula
+    assert expected_tokens_from_positions([0.7] * 5) == pytest.approx(expected_tokens(0.7, 5))
+
+
+def test_predicted_speedup_by_hand():
+    assert predicted_speedup(1.75, 2, 0.1) == pytest.approx(1.75 / 1.2)
+    assert predicted_speedup(1.75, 2, 0.1, 1.1) == pytest.approx(1.75 / 1.3)
+    # textbook: (1 - a^(k+1)) / ((1 - a)(k c + 1)), a = 0.8, k = 4, c = 0.05
+    assert predicted_speedup(expected_tokens(0.8, 4), 4, 0.05) == pytest.approx(3.3616 / 1.2)
+    np.testing.assert_allclose(predicted_speedup([2.0, 3.0], [1, 2], 0.5, [1.0, 1.0]), [2 / 1.5, 1.5])
+
+
+def _row(**values) -> dict:
+    return {"task": "decode", "status": "ok", "rule": "standard", "batch_size": 1, "dataset": "mt_bench", **values}
+
+
+def test_cost_model_on_a_small_frame():
+    frame = pd.DataFrame([
+        _row(drafter="ngram", k=2, tokens_per_round=1.75, draft_ms=2.0, verify_ms=11.0, baseline_tpot_ms=10.0,
+             speedup=1.3, tpot_ms=7.0),
+        _row(drafter="ngram", k=2, tokens_per_round=1.75, draft_ms=None, verify_ms=None, baseline_tpot_ms=None,
+             speedup=1.2, tpot_ms=8.0),  # an older run: no costs
+        _row(drafter=None, k=None, tokens_per_round=1.0, draft_ms=None, verify_ms=None, baseline_tpot_ms=None,
+             speedup=1.0, tpot_ms=10.0),  # the baseline
+        _row(drafter="eagle", k=2, topk=2, tokens_per_round=2.0, draft_ms=4.0, verify_ms=12.0,
+             baseline_tpot_ms=None, speedup=1.25, tpot_ms=8.0),  # a tree; t1 = speedup * tpot = 10
+    ])
+    out = cost_model(frame)
+    np.testing.assert_allclose(out.c_measured, [0.1, np.nan, np.nan, 0.2])
+    np.testing.assert_allclose(out.r_measured, [1.1, np.nan, np.nan, 1.2])
+    np.testing.assert_allclose(out.predicted_speedup, [1.75 / 1.3, np.nan, np.nan, 2.0 / 1.6])
+    assert "r_curve" not in out and "c_measured" not in frame  # a copy
+
+    # r from a verify-cost curve at q = k + 1 (chain) and q = k * topk + 1 = 5 (tree)
+    curved = cost_model(frame, verify_curve={1: 1.0, 3: 1.2, 5: 1.4})
+    np.testing.assert_allclose(curved.r_curve, [1.2, 1.2, np.nan, 1.4])
+    np.testing.assert_allclose(curved.predicted_speedup, [1.75 / 1.4, np.nan, np.nan, 2.0 / 1.8])
+
+
+def test_cost_model_without_cost_columns_gives_nan():
+    frame = pd.DataFrame([_row(drafter="ngram", k=3, tokens_per_round=2.0, speedup=1.4, tpot_ms=5.0)])
+    out = cost_model(frame)
+    assert out[["c_measured", "r_measured", "predicted_speedup"]].isna().all().all()
+
+
+def test_verify_ratio_from_times_per_batch_size():
+    curve = pd.DataFrame({"batch_size": [1, 1, 1, 4, 4], "q": [1, 2, 4, 1, 4], "t_ms": [10, 10.5, 12, 20, 30]})
+    np.testing.assert_allclose(verify_ratio(curve, [3, 4, 4, 2], [1, 1, 4, 8]), [1.125, 1.2, 1.5, np.nan])  # 3: between 1.05 and 1.2
+    np.testing.assert_allclose(verify_ratio(pd.Series({1: 1.0, 2: 1.1}), [1, 2, 3]), [1.0, 1.1, np.nan])
+
+
+def test_synthetic_rate_from_its_columns():
+    # acceptance_rate = accepted / drafted = (tau - 1) / k for i.i.d. a: not a itself
+    share = (expected_tokens(0.8, 4) - 1) / 4
+    assert share == pytest.approx(0.5904)
+    assert iid_rate_from_acceptance(share, 4) == pytest.approx(0.8, abs=1e-9)
+    frame = pd.DataFrame([
+        _row(drafter="synthetic", k=4, acceptance_rate=share, synthetic_rate=None),
+        _row(drafter="synthetic", k=4, acceptance_rate=0.1, synthetic_rate=0.7),
+        _row(drafter="synthetic", k=2, acceptance_rate=0.1, accept_pos=[0.6, 0.5], accept_reached=[10, 6]),
+        _row(drafter="ngram", k=4, acceptance_rate=0.5, synthetic_rate=None),
+    ])
+    np.testing.assert_allclose(synthetic_rate(frame), [0.8, 0.7, (6 + 3) / 16, np.nan])
+
+
+def _synthetic_frame(rates=(0.6, 0.7, 0.8, 0.9), ks=(1, 2, 3, 4), c=0.05, t1=10.0) -> pd.DataFrame:
+    rows = []
+    for i, a in enumerate(rates):
+        for k in ks:
+            r = 1 + 0.02 * k
+            tau = expected_tokens(a, k)
+            rows.append(_row(drafter="synthetic", k=k, acceptance_rate=(tau - 1) / k, tokens_per_round=tau,
+                             draft_ms=k * c * t1, verify_ms=r * t1, baseline_tpot_ms=t1,
+                             speedup=predicted_speedup(tau, k, c, r) * (0.95 if i % 2 else 1.02)))
+    return pd.DataFrame(rows)
+
+
+def _points(fig) -> tuple[int, int]:
+    left, right = fig.axes
+    scatter = sum(len(c.get_offsets()) for c in left.collections if isinstance(c, PathCollection))
+    markers = sum(len(line.get_xdata()) for line in right.lines if line.get_linestyle() == "None")
+    return scatter, markers
+
+
+def _curves(ax) -> list:
+    """The drawn lines, legend proxies (no data) left out."""
+    return [line for line in ax.lines if line.get_linestyle() == "-" and len(line.get_xdata())]
+
+
+def test_cost_model_figure_renders(tmp_path):
+    others = pd.DataFrame([
+        _row(drafter="ngram", k=3, tokens_per_round=2.2, draft_ms=0.3, verify_ms=10.5, baseline_tpot_ms=10.0,
+             speedup=1.9, tpot_ms=5.3),
+        _row(drafter="eagle", k=3, tokens_per_round=2.8, draft_ms=3.0, verify_ms=11.0, baseline_tpot_ms=10.0,
+             speedup=2.0, tpot_ms=5.0),
+        _row(drafter="eagle", k=3, tokens_per_round=2.8, speedup=2.0, tpot_ms=5.0),  # no costs: not drawn
+        _row(drafter=None, k=None, tokens_per_round=1.0, speedup=1.0, tpot_ms=10.0),  # the baseline
+    ])
+    synthetic = _synthetic_frame()
+    frame = pd.concat([others, synthetic], ignore_index=True)
+    fig = figures.cost_model_figure(frame)
+    assert _points(fig) == (2 + len(synthetic), 16)
+    assert len(_curves(fig.axes[1])) == 4  # one formula curve per a
+    written = figures.save(fig, tmp_path / "cost_model.png")
+    assert all(p.stat().st_size > 5_000 for p in written)
+
+    curve = {q: 1 + 0.02 * (q - 1) for q in range(1, 6)}
+    fig = figures.synthetic_speedup_figure(synthetic, verify_curve=curve)
+    (ax,) = fig.axes
+    curve_k4 = _curves(ax)[-1].get_ydata()[-1]
+    assert curve_k4 == pytest.approx(predicted_speedup(expected_tokens(0.9, 4), 4, 0.05, 1.08))
+
+
+def test_cost_model_figure_without_costs_or_synthetic_rows_is_no_data():
+    frame = pd.DataFrame([_row(drafter="ngram", k=3, tokens_per_round=2.0, speedup=1.4, tpot_ms=5.0)])
+    with pytest.raises(figures.NoData):
+        figures.cost_model_figure(frame)
+    with pytest.raises(figures.NoData):
+        figures.synthetic_speedup_figure(frame)
