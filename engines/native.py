@@ -87,10 +87,26 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return x * cos + torch.cat([-x2, x1], -1) * sin
 
 
-def block(s: Shape, x, cos, sin, mask, k_cache, v_cache, rows, slots, attention_norm, wqkv, bqkv, wo, ffn_norm, w13, w2):
+def attend(xq: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Attention for a few query rows over a long cache: two batched matrix products and a
+    softmax in fp32 (as transformers' eager attention). At decode shapes this spreads the
+    cache over the whole GPU where a fused kernel runs one block per (request, head).
+    xq: [B, Hkv, G*q, hd]; k, v: [B, Hkv, S, hd]; mask: [B, 1, G*q, S] bool -> [B, Hkv, G*q, hd]."""
+    scores = torch.matmul(xq, k.transpose(-1, -2)) * xq.shape[-1] ** -0.5  # [B, Hkv, G*q, S]
+    weights = scores.float().masked_fill(~mask, float("-inf")).softmax(-1).to(v.dtype)
+    return torch.matmul(weights, v)
+
+
+def fused_attend(xq: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The same with PyTorch's fused attention: for prefills (many query rows)."""
+    return F.scaled_dot_product_attention(xq, k, v, attn_mask=mask)
+
+
+def block(s: Shape, attention, x, cos, sin, mask, k_cache, v_cache, rows, slots,
+          attention_norm, wqkv, bqkv, wo, ffn_norm, w13, w2):
     """One decoder layer as a function of its weights, so that one compiled function serves
     every layer. x: [B, q, D]; mask: [B, 1, G*q, S] bool; k_cache, v_cache: [B, Hkv, S, hd];
-    rows: [B, 1], slots: [B, q] where the new entries go."""
+    rows: [B, 1], slots: [B, q] where the new entries go; attention: attend or fused_attend."""
     B, q, _ = x.shape
     G = s.heads // s.kv_heads
     qkv = F.linear(rms_norm(x, attention_norm, s.eps), wqkv, bqkv)
@@ -101,7 +117,7 @@ def block(s: Shape, x, cos, sin, mask, k_cache, v_cache, rows, slots, attention_
     v_cache[rows, :, slots] = xv.view(B, q, s.kv_heads, s.head_dim)
     # Query heads grouped under their key/value head: one attention per Hkv, no K/V repeat.
     xq = xq.view(B, q, s.kv_heads, G, s.head_dim).permute(0, 2, 3, 1, 4).reshape(B, s.kv_heads, G * q, s.head_dim)
-    o = F.scaled_dot_product_attention(xq, k_cache, v_cache, attn_mask=mask)  # [B, Hkv, G*q, hd]
+    o = attention(xq, k_cache, v_cache, mask)  # [B, Hkv, G*q, hd]
     o = o.view(B, s.kv_heads, G, q, s.head_dim).permute(0, 3, 1, 2, 4).reshape(B, q, s.heads * s.head_dim)
     x = x + F.linear(o, wo)
     gate, up = F.linear(rms_norm(x, ffn_norm, s.eps), w13).chunk(2, -1)
@@ -135,13 +151,14 @@ class Transformer(nn.Module):
         self.register_buffer("inv_freq", inv_freq.float().clone(), persistent=False)  # [hd / 2]
         self.rope_scale = rope_scale  # transformers' attention_scaling (1.0 but for YaRN-like rope)
 
-    def forward(self, tokens, lengths, depth, ancestors, cache_k, cache_v, feature_layers=(), last=None, layer=block):
+    def forward(self, tokens, lengths, depth, ancestors, cache_k, cache_v, feature_layers=(), last=None,
+                layer=block, attention=attend):
         """tokens: [B, q] at depths depth [B, q] past each row's length [B], seeing the cache
         before it and the inputs in ancestors [B, q, q] (bool, diagonal set). cache_k, cache_v:
         [L, B, Hkv, S, hd]. -> logits [B, q, V] (or [B, V] at the positions `last` [B]), and
         the features [B, q, D * len(feature_layers)] (transformers' hidden_states indices:
         i < L the input of layer i, L the final-norm output) or None. `layer` computes each
-        layer (`block`, or a compiled copy of it)."""
+        layer (`block`, or a compiled copy of it) with `attention`."""
         s = self.s
         B, q = tokens.shape
         S = cache_k.shape[3]
@@ -163,7 +180,7 @@ class Transformer(nn.Module):
         for i, weights in enumerate(self.layers):
             if i in feature_layers:
                 states[i] = x
-            x = layer(s, x, cos, sin, mask, cache_k[i], cache_v[i], rows, slots, *weights.weights)
+            x = layer(s, attention, x, cos, sin, mask, cache_k[i], cache_v[i], rows, slots, *weights.weights)
         x = self.norm(x)
         states[s.layers] = x
         features = torch.cat([states[i] for i in feature_layers], -1) if feature_layers else None
@@ -216,7 +233,7 @@ class NativeEngine:
     emitted token, which is the first input of the row's next `forward`."""
 
     def __init__(self, model: Transformer, rows: int, max_length: int, *, feature_layers: tuple = (),
-                 cuda_graphs: bool = True, compile: bool = False):
+                 cuda_graphs: bool = True, compile: bool = False, compile_mode: Optional[str] = None):
         s = model.s
         param = next(model.parameters())
         self.model, self.rows, self.feature_layers = model, rows, tuple(feature_layers)
@@ -229,7 +246,7 @@ class NativeEngine:
         self.kv_bytes_per_token = 2 * s.layers * s.kv_heads * s.head_dim * self.cache_k.element_size()
         # Regional compilation: one layer's graph, reused by every layer (the weights are inputs);
         # dynamic in q after the second shape. Prefills run uncompiled: their lengths all differ.
-        self._layer = torch.compile(block, fullgraph=True) if compile else block
+        self._layer = torch.compile(block, fullgraph=True, mode=compile_mode) if compile else block
         self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
         self._graphs: dict = {}  # (q, tree) -> (graph, static inputs, static outputs)
 
@@ -248,7 +265,7 @@ class NativeEngine:
         logits, features = self.model(
             input_ids.to(self.device)[None], self.lengths.new_zeros(1), depth[None], ancestors[None],
             self.cache_k[:, row : row + 1], self.cache_v[:, row : row + 1], self.feature_layers,
-            last=torch.tensor([T - 1], device=self.device),
+            last=torch.tensor([T - 1], device=self.device), attention=fused_attend,
         )
         self.lengths[row] = T
         return (logits[0], features[0]) if self.feature_layers else logits[0]

@@ -84,10 +84,12 @@ def build_hf(shape: dict, device, dtype):
     return model.eval()
 
 
-def native_decode(native, ctx: int, device, compile: bool, steps: int) -> dict:
+def native_decode(native, ctx: int, device, compile: bool, steps: int, mode=None) -> dict:
     """Decode steps at batch 1 after a prefill of ctx random tokens: the engine's own loop
     (inputs copied in, one graph replay, lengths moved), and the graph replay alone."""
-    engine = NativeEngine(native, 1, ctx + steps * 8 + 64, compile=compile)
+    if mode is not None:
+        torch._dynamo.reset()  # compiled code is cached per function: forget the default mode's
+    engine = NativeEngine(native, 1, ctx + steps * 8 + 64, compile=compile, compile_mode=mode)
     prompt = torch.randint(0, native.s.vocab_size, (ctx,), device=device)
     engine.prefill(0, prompt)
     token = torch.randint(0, native.s.vocab_size, (1, 1))
@@ -184,7 +186,8 @@ def memory_batch48(native, ctx: int, device, rows: int, steps: int, compile: boo
     return out
 
 
-def attempt(results: dict, key: str, fn):
+def attempt(results: dict, key: str, fn, out: Path):
+    """One measurement; its failure is recorded, and everything so far is written at once."""
     t = time.perf_counter()
     try:
         results[key] = fn()
@@ -192,12 +195,14 @@ def attempt(results: dict, key: str, fn):
         traceback.print_exc()
         results[key] = {"error": f"{type(e).__name__}: {e}".splitlines()[0]}
     print(f"[{time.perf_counter() - t:6.1f} s] {key}: {results[key]}", flush=True)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "engine_bench.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("out", type=Path)
-    ap.add_argument("--parts", default="a,b,m")
+    ap.add_argument("--parts", default="a,b,m", help="a, b, m, and autotune (a's max-autotune variant)")
     ap.add_argument("--tiny", action="store_true")
     args = ap.parse_args(argv)
     parts = set(args.parts.split(","))
@@ -221,15 +226,15 @@ def main(argv=None) -> int:
     model = build_hf(shape, device, dtype)
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     results["weight_bytes"] = weight_bytes
-    attempt(results, "copy_bandwidth", lambda: copy_bandwidth(device, 0.05 if args.tiny else 4.0))
+    attempt(results, "copy_bandwidth", lambda: copy_bandwidth(device, 0.05 if args.tiny else 4.0), args.out)
     results["floor_ms"] = weight_bytes / results["copy_bandwidth"] * 1e3
     native = Transformer.from_hf(model)
 
     if "a" in parts:
-        attempt(results, "native_graphs", lambda: native_decode(native, ctx, device, False, steps))
-        attempt(results, "native_compiled_graphs", lambda: native_decode(native, ctx, device, True, steps))
-        attempt(results, "hf_static_compiled", lambda: hf_static_compiled(model, ctx, device, steps))
-        attempt(results, "hf_generate", lambda: hf_generate(model, ctx, device))
+        attempt(results, "native_graphs", lambda: native_decode(native, ctx, device, False, steps), args.out)
+        attempt(results, "native_compiled_graphs", lambda: native_decode(native, ctx, device, True, steps), args.out)
+        attempt(results, "hf_static_compiled", lambda: hf_static_compiled(model, ctx, device, steps), args.out)
+        attempt(results, "hf_generate", lambda: hf_generate(model, ctx, device), args.out)
     if "b" in parts or "m" in parts:
         del model  # the native copy is all that is left to time
         if device.type == "cuda":
@@ -237,13 +242,13 @@ def main(argv=None) -> int:
     if "b" in parts:
         qs = list(range(1, 34))
         for c in ((32, 128) if args.tiny else (512, 4096)):
-            attempt(results, f"verify_ctx{c}", lambda: verify_curve(native, c, device, True, qs, steps))
+            attempt(results, f"verify_ctx{c}", lambda: verify_curve(native, c, device, True, qs, steps), args.out)
     if "m" in parts:
         attempt(results, "memory_batch48_ctx4096",
-                lambda: memory_batch48(native, 128 if args.tiny else 4096, device, 48, steps, True))
-
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "engine_bench.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
+                lambda: memory_batch48(native, 128 if args.tiny else 4096, device, 48, steps, True), args.out)
+    if "a" in parts and "autotune" in parts:  # last: Triton matmul templates tuned per shape (slow to compile)
+        attempt(results, "native_autotune_graphs",
+                lambda: native_decode(native, ctx, device, True, steps, "max-autotune-no-cudagraphs"), args.out)
     print_table(results)
     return 0
 
@@ -253,13 +258,14 @@ def print_table(r: dict) -> None:
     print(f"\n{r['device']}  torch {r['torch']}  transformers {r['transformers']}  {r['date']}  sha {r['git_sha']}")
     print(f"weights {r['weight_bytes'] / 1e9:.2f} GB, copy bandwidth {r['copy_bandwidth'] / 1e12:.2f} TB/s, floor {floor:.2f} ms")
     print("a. decode at batch 1                     ms/token   x floor")
-    for key in ("native_graphs", "native_compiled_graphs", "hf_static_compiled", "hf_generate"):
+    for key in ("native_graphs", "native_compiled_graphs", "native_autotune_graphs", "hf_static_compiled", "hf_generate"):
         v = r.get(key, {})
         if "ms" in v:
             print(f"   {key:34s} {v['ms']:8.2f}  {v['ms'] / floor:7.2f}" + (f"   (replay alone {v['replay_ms']:.2f})" if "replay_ms" in v else ""))
         elif v:
             print(f"   {key:34s} {v}")
-    best = min((r[k]["ms"] for k in ("native_graphs", "native_compiled_graphs") if "ms" in r.get(k, {})), default=None)
+    best = min((r[k]["ms"] for k in ("native_graphs", "native_compiled_graphs", "native_autotune_graphs")
+                if "ms" in r.get(k, {})), default=None)
     for key in ("hf_static_compiled", "hf_generate"):
         if best and "ms" in r.get(key, {}):
             print(f"   native vs {key}: {r[key]['ms'] / best:.1f} x faster")

@@ -12,7 +12,7 @@ import pandas as pd
 from specbench.results import COLUMNS, read_jsonl
 
 # A speculative run is compared with the baseline run that shares all of these.
-BASELINE_MATCH = ("target", "dataset", "num_prompts", "max_new_tokens", "temperature", "batch_size", "device", "dtype")
+BASELINE_MATCH = ("target", "dataset", "num_prompts", "max_new_tokens", "temperature", "batch_size", "device", "dtype", "engine")
 
 
 def load_results(results_dir: str | Path, *, ok_only: bool = False) -> pd.DataFrame:
@@ -25,6 +25,7 @@ def load_results(results_dir: str | Path, *, ok_only: bool = False) -> pd.DataFr
     for column in COLUMNS:
         if column not in frame.columns:
             frame[column] = None
+    frame["engine"] = frame["engine"].fillna("hf")  # rows from before the native engine ran on hf
     extra = [c for c in frame.columns if c not in COLUMNS]
     frame = frame[list(COLUMNS) + extra]
     return frame[frame.status == "ok"].reset_index(drop=True) if ok_only else frame
@@ -45,20 +46,12 @@ def pivot(frame: pd.DataFrame, values: str = "acceptance_rate", index: Sequence[
 def with_speedup(frame: pd.DataFrame, match: Sequence[str] = BASELINE_MATCH) -> pd.DataFrame:
     """Adds baseline_tpot_ms (the median over matching baseline runs) and speedup_vs_baseline
     = baseline_tpot_ms / tpot_ms, for decode runs; NaN where no baseline matches."""
-    runs = decode_runs(frame)
+    runs = decode_runs(frame).drop(columns=["baseline_tpot_ms"], errors="ignore")
     keys = [m for m in match if m in runs.columns]
     base = runs[runs.drafter.isna()].groupby(keys, dropna=False)["tpot_ms"].median().rename("baseline_tpot_ms")
     out = runs.merge(base.reset_index(), on=keys, how="left")
     out["speedup_vs_baseline"] = out.baseline_tpot_ms / out.tpot_ms
     return out
-
-
-def expected_tokens_per_round(a, k):
-    """(1 - a^(k+1)) / (1 - a): tokens per round for i.i.d. per-position acceptance a."""
-    a, k = np.asarray(a, dtype=float), np.asarray(k, dtype=float)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        value = (1 - a ** (k + 1)) / (1 - a)
-    return np.where(a >= 1, k + 1, value)
 
 
 def pooled_acceptance(accept_pos, accept_reached) -> float:
@@ -77,7 +70,7 @@ def with_expected_tokens_per_round(frame: pd.DataFrame) -> pd.DataFrame:
     runs = decode_runs(frame)
     runs = runs[runs.drafter.notna()].copy()
     runs["a_hat"] = [pooled_acceptance(p, r) for p, r in zip(runs.accept_pos, runs.get("accept_reached", [None] * len(runs)))]
-    runs["tokens_per_round_expected"] = expected_tokens_per_round(runs.a_hat, runs.k)
+    runs["tokens_per_round_expected"] = expected_tokens(runs.a_hat, runs.k)
     return runs
 
 

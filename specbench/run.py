@@ -158,9 +158,17 @@ def _base_row(cfg: DictConfig, run_id: str, chash: str) -> dict:
         dataset=cfg.dataset.name, git_sha=provenance.git_sha(), config_hash=chash,
         max_new_tokens=cfg.max_new_tokens, seed=cfg.seed, target_path=cfg.target.path,
         timestamp=time.strftime("%Y-%m-%dT%H:%M:%S%z"), hydra_dir=_hydra_dir(), **rule_params,
+        engine=cfg.engine.name, draft_sample_method=cfg.drafter.get("draft_sample_method") if speculative else None,
+        synthetic_rate=_synthetic_rate(cfg),
         **provenance.versions(),
     )
     return row
+
+
+def _synthetic_rate(cfg: DictConfig) -> Optional[float]:
+    """The synthetic control's per-position acceptance, when it is one number."""
+    rates = cfg.drafter.get("acceptance_rates") if cfg.drafter is not None and cfg.drafter.name == "synthetic" else None
+    return rates[0] if rates is not None and len(rates) == 1 else None
 
 
 def _hydra_dir() -> Optional[str]:
@@ -183,9 +191,12 @@ def run(cfg: DictConfig, row: dict) -> tuple[list, list]:
     rule, rule_params = rule_of(cfg)
 
     model, tokenizer = load_target(cfg.target)
-    if hasattr(drafter, "attach"):
-        drafter.attach(model)
     inputs = encode_prompts(prompts, tokenizer)
+    if hasattr(drafter, "attach"):
+        # draft_model / layerskip size their batched chain cache like build_engine sizes the target's
+        sizing = ({"rows": cfg.batch_size, "max_length": max(x.shape[0] for x in inputs) + cfg.max_new_tokens + cfg.k + 2}
+                  if cfg.drafter.name in ("draft_model", "layerskip") else {})
+        drafter.attach(model, **sizing)
     engine = build_engine(cfg, model, inputs, tuple(getattr(drafter, "feature_layers", ())))
     device = provenance.device_name(engine.device)
     eos = eos_ids(tokenizer, model)
@@ -224,7 +235,7 @@ def run(cfg: DictConfig, row: dict) -> tuple[list, list]:
         first_divergence=divergence if compared else None,
         speedup=baseline["tpot_ms"] / row["tpot_ms"] if baseline["tpot_ms"] and row["tpot_ms"] else None,
         baseline_tpot_ms=baseline["tpot_ms"], baseline_throughput_tok_s=baseline.get("throughput_tok_s"),
-        baseline_step_ms=baseline.get("verify_ms"), engine=cfg.engine.name,
+        baseline_step_ms=baseline.get("verify_ms"),
         kv_bytes_per_token=getattr(engine, "kv_bytes_per_token", None), peak_memory_gb=_peak_memory_gb(engine.device),
         status="ok",
     )

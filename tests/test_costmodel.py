@@ -26,7 +26,6 @@ def test_expected_tokens_by_hand():
     assert expected_tokens(1 - 1e-12, 3) == pytest.approx(4.0, abs=1e-9)  # no cancellation near 1
     out = expected_tokens(np.array([0.5, 1.0, np.nan]), np.array([2, 3, 2]))
     np.testing.assert_allclose(out, [1.75, 4.0, np.nan])
-    assert expected_tokens(0.6, 3) == pytest.approx(analysis.expected_tokens_per_round(0.6, 3))
 
 
 def test_expected_tokens_from_conditional_positions():

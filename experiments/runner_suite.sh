@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# The batched runner on the default model (issue 6, c and d), collected into a flat folder:
+#   bash experiments/runner_suite.sh OUT [TARGET_PATH]
+# PARTS picks a subset of: synthetic real sampling (default: all three).
+#   synthetic  the timing control: acceptance dictated at a = 0.6 .. 0.9, k = 1 .. 8, batch 1
+#   real       ngram, ngram_trie, draft_model, layerskip, eagle3 (k = 4 chains) on MT-Bench and
+#              HumanEval, batch 1, 8 and 48, temperature 0 and 0.7
+#   sampling   draft_model with draft_sample_method=probabilistic beside the greedy runs of `real`
+# Sizes: SYN_PROMPTS x SYN_TOKENS (default 4 x 96) for the control; TOKENS new tokens (48) for
+# real weights, with 16 prompts at batch 1 and 8 and 48 at batch 48 (every row busy).
+# ENGINE_ARGS (default: engine=native engine.compile=true) picks the target's engine.
+set -uo pipefail
+out=${1:?usage: runner_suite.sh OUT [TARGET_PATH]}
+target=${2:-}
+res=${RESULTS:-$out/results}
+parts=" ${PARTS:-synthetic real sampling} "
+tokens=${TOKENS:-48}
+mkdir -p "$res"
+py=${PYTHON:-python3}
+t=()
+[ -n "$target" ] && t=("target.path=$target")
+read -r -a engine <<< "${ENGINE_ARGS:-engine=native engine.compile=true}"
+log="$out/log.txt"
+quiet() { grep -v -E "it/s\]|Warning|warn\(" | tee -a "$log"; }
+run() { echo "== $*" | tee -a "$log"; "$py" -m specbench "$@" "${engine[@]}" "results_dir=$res" "${t[@]}" 2>&1 | quiet; }
+
+if [[ $parts == *" synthetic "* ]]; then
+  for a in 0.6 0.7 0.8 0.9; do
+    run -m +drafter=synthetic "drafter.acceptance_rates=[$a]" k=1,2,3,4,5,6,7,8 \
+        dataset.num_prompts="${SYN_PROMPTS:-4}" max_new_tokens="${SYN_TOKENS:-96}"
+  done
+fi
+real() {  # $1: batch sizes, $2: prompts, then extra overrides
+  local batches=$1 prompts=$2
+  shift 2
+  run -m "$@" k=4 dataset=mt_bench,humaneval batch_size="$batches" dataset.num_prompts="$prompts" max_new_tokens="$tokens"
+}
+if [[ $parts == *" real "* ]]; then
+  real 1,8 16 +drafter=ngram,ngram_trie,draft_model,layerskip,eagle3 temperature=0,0.7
+  real 48 48 +drafter=ngram,ngram_trie,draft_model,layerskip,eagle3 temperature=0,0.7
+fi
+if [[ $parts == *" sampling "* ]]; then
+  real 1,8 16 +drafter=draft_model drafter.draft_sample_method=probabilistic temperature=0.7
+  real 48 48 +drafter=draft_model drafter.draft_sample_method=probabilistic temperature=0.7
+fi
+"$py" - "$res" "$out" <<'PY'
+import sys, pathlib
+from specbench.analysis import load_results
+res, out = map(pathlib.Path, sys.argv[1:])
+load_results(res).to_csv(out / "rows.csv", index=False)
+PY
