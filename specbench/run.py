@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import hashlib
 import json
@@ -195,7 +196,7 @@ def run(cfg: DictConfig, row: dict) -> tuple[list, list]:
     if hasattr(drafter, "attach"):
         # draft_model / layerskip size their batched chain cache like build_engine sizes the target's
         sizing = ({"rows": cfg.batch_size, "max_length": max(x.shape[0] for x in inputs) + cfg.max_new_tokens + cfg.k + 2}
-                  if cfg.drafter.name in ("draft_model", "layerskip") else {})
+                  if cfg.drafter.name in ("draft_model", "layerskip", "synthetic") else {})
         drafter.attach(model, **sizing)
     engine = build_engine(cfg, model, inputs, tuple(getattr(drafter, "feature_layers", ())))
     device = provenance.device_name(engine.device)
@@ -204,9 +205,14 @@ def run(cfg: DictConfig, row: dict) -> tuple[list, list]:
     spec = Speculation(drafter, rule, cfg.k, rule_params, topk, num_draft_tokens) if drafter is not None else None
     kw = dict(cfg=cfg, params=params, eos=eos)
 
-    # Warm-up, excluded from every number: first-call allocations and kernel selection.
+    # Warm-up, excluded from every number: first-call allocations, kernel selection, compilation
+    # and CUDA-graph capture of every forward shape the measured decodes use (the baseline's
+    # single-token step and the speculative verify), with every row busy.
     warm = OmegaConf.merge(cfg, {"max_new_tokens": min(WARMUP_TOKENS, cfg.max_new_tokens)})
-    decode_all(engine, inputs[:1], prompts[:1], **{**kw, "cfg": warm}, spec=spec, desc="warm-up")
+    for warm_spec in ((None, spec) if spec is not None else (None,)):
+        decode_all(engine, inputs[: engine.rows], prompts[: engine.rows], **{**kw, "cfg": warm}, spec=warm_spec, desc="warm-up")
+    if spec is not None and cfg.drafter.name in MODEL_FREE:  # ngram_trie would keep what the warm-up said
+        spec = dataclasses.replace(spec, drafter=build_drafter(cfg.drafter, params, cfg.seed))
 
     base_file = baseline_path(cfg, device, next(model.parameters()).dtype, len(prompts))
     baseline = read_json(base_file) if base_file.exists() else None

@@ -153,6 +153,7 @@ def decode_requests(
             finish(row)
         if not batch.live:
             break
+        _synchronize(device)  # the prefills of admitted requests finish outside the round's clocks
         rows = sorted(batch.live)
         reqs = [batch.live[row] for row in rows]
         t_draft = time.perf_counter()

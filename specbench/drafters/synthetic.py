@@ -4,10 +4,11 @@ It drafts a real chain of k tokens with the target's first `draft_layers` layers
 costs what a small layer-skip draft costs) and the target runs its real verify forward, but
 acceptance is dictated: draft position i is accepted with the prescribed conditional rate
 a_i, given 0..i-1 accepted. The round then emits the accepted drafts and one token from the
-target's p at the stopping position. Tokens per round are therefore controlled exactly,
+target's p at the stopping position (the draft forwards run batched over the requests, as
+layerskip's chains: specbench.drafters.native_chain). Tokens per round are therefore controlled exactly,
 E = sum_{j=0..k} prod_{i<j} a_i; the text is *not* the target's (drafts are accepted whatever
 the target thinks), so its rows have no greedy-equality check. Chains only, for B requests at a
-time, each with a draft cache of its own until `release`.
+time, each with a row of the draft cache until `release`.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from specbench.drafters.base import DraftProposal, DraftState
 from specbench.drafters.expand import Steppers, draft, is_chain
 from specbench.drafters.layerskip import truncated
 from specbench.drafters.lm_stepper import LMStepper
+from specbench.drafters.native_chain import MAX_LENGTH, ROWS, NativeChain
 from specbench.sampling import SamplingParams
 
 
@@ -34,15 +36,19 @@ class SyntheticDrafter:
             raise ConfigError("drafter.acceptance_rates", acceptance_rates, "need one or more rates in [0, 1]")
         self.rates, self.draft_layers, self.params = rates, draft_layers, params
         self.coins = torch.Generator().manual_seed(seed)
-        self.steppers: Optional[Steppers] = None  # request id -> LMStepper
+        self.steppers: Optional[Steppers] = None  # request id -> LMStepper (if the native chain cannot run)
+        self.chain: Optional[NativeChain] = None  # batched chains
 
     @classmethod
     def from_config(cls, cfg: SyntheticConfig, params: SamplingParams, seed: int = 0) -> SyntheticDrafter:
         return cls(list(cfg.acceptance_rates), cfg.draft_layers, params, seed)
 
-    def attach(self, target) -> None:
+    def attach(self, target, rows: int = ROWS, max_length: int = MAX_LENGTH) -> None:
+        from specbench.engines.native import Transformer
+
         view = truncated(target, self.draft_layers)
         self.steppers = Steppers(lambda: LMStepper(view))
+        self.chain = NativeChain(lambda: Transformer.from_hf(view), rows, max_length)
 
     def rate(self, i: int) -> float:
         """Conditional acceptance of draft position i (0-based); the last rate repeats."""
@@ -51,11 +57,15 @@ class SyntheticDrafter:
     def propose(self, state: DraftState) -> DraftProposal:
         if not is_chain(state):
             raise ConfigError("tree.topk", state.topk, "the synthetic control drafts chains only (topk=1)")
+        if self.chain.ready():
+            return self.chain.propose(state, "greedy", self.params, None)
         return draft(self.steppers, state, "greedy", self.params, None)
 
     def release(self, request_ids) -> None:
-        """Forget finished requests: their steppers and caches."""
+        """Forget finished requests: their rows, steppers and caches."""
+        request_ids = tuple(request_ids)
         self.steppers.release(request_ids)
+        self.chain.release(request_ids)
 
     def forced_acceptance(self, num_drafted: int) -> int:
         """The accepted prefix length for a round of num_drafted drafts."""
