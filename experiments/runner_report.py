@@ -19,6 +19,18 @@ import pandas as pd
 from specbench import analysis, figures
 
 REAL = ["drafter", "draft_sample_method", "dataset", "batch_size", "temperature"]
+STALL = 2.0  # a baseline step this many times its twin's is a stall inside the timed region
+
+
+def stalled(rows: pd.DataFrame) -> pd.Series:
+    """Rows whose baseline took a stall (a compilation or graph capture) inside its timed
+    region: its mean forward step is over STALL x that of the baseline at the other temperature
+    with the same prompts and batch size (same engine shapes; only the sampling op differs).
+    Their speedup and predicted speedup are not measurements of speculation."""
+    key = ["dataset", "batch_size", "num_prompts", "max_new_tokens"]
+    step = pd.to_numeric(rows.baseline_step_ms, errors="coerce")
+    twin = step.groupby([rows[k] for k in key]).transform("min")
+    return step > STALL * twin
 
 
 def synthetic_table(rows: pd.DataFrame) -> pd.DataFrame:
@@ -40,8 +52,8 @@ def synthetic_table(rows: pd.DataFrame) -> pd.DataFrame:
 
 def real_table(rows: pd.DataFrame) -> pd.DataFrame:
     runs = analysis.cost_model(rows[rows.drafter.notna() & (rows.drafter != "synthetic")])
-    cols = REAL + ["acceptance_rate", "tokens_per_round", "tpot_ms", "baseline_tpot_ms", "speedup",
-                   "throughput_tok_s", "baseline_throughput_tok_s", "draft_ms", "verify_ms", "other_ms",
+    cols = REAL + ["baseline_stalled", "acceptance_rate", "tokens_per_round", "tpot_ms", "baseline_tpot_ms", "speedup",
+                   "throughput_tok_s", "baseline_throughput_tok_s", "baseline_step_ms", "draft_ms", "verify_ms", "other_ms",
                    "predicted_speedup", "greedy_mismatches", "peak_memory_gb"]
     return runs[[c for c in cols if c in runs.columns]].sort_values(REAL).reset_index(drop=True)
 
@@ -69,6 +81,7 @@ def main(out: Path, bench: Path | None) -> int:
     rows = pd.read_csv(out / "rows.csv")
     rows = rows[rows.status == "ok"]
     rows["synthetic_rate"] = pd.to_numeric(rows.get("synthetic_rate"), errors="coerce")
+    rows["baseline_stalled"] = stalled(rows)
     text = [f"# Issue 6 runs: {rows.device.iloc[0]}, torch {rows.torch_version.iloc[0]}, "
             f"transformers {rows.transformers_version.iloc[0]}, git {rows.git_sha.iloc[0]}, "
             f"{rows.timestamp.min()} .. {rows.timestamp.max()}\n"]
@@ -85,10 +98,32 @@ def main(out: Path, bench: Path | None) -> int:
         text.append("## a, b, memory (experiments/engine_bench.py)\n\n```\n" + json.dumps(json.loads(bench.read_text()), indent=1)[:20000] + "\n```\n")
     (out / "report.md").write_text("\n".join(text))
     try:
-        figures.cost_model_figure(rows).savefig(out / "cost_model.png", dpi=130)
+        figures.cost_model_figure(rows[~rows.baseline_stalled]).savefig(out / "cost_model.png", dpi=130)
     except figures.NoData as e:
         print(f"cost model figure skipped: {e}")
+    synthetic = synthetic_table(rows)
+    if not synthetic.empty:
+        synthetic_figure(synthetic).savefig(out / "synthetic_control.png", dpi=130)
     return 0
+
+
+def synthetic_figure(table: pd.DataFrame):
+    """Measured speedup against the formula with each run's own measured c: y = x, +-10 %."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(5.6, 4.6), layout="constrained")
+    ax = fig.subplots()
+    top = 1.1 * max(table.measured.max(), table.formula.max())
+    ax.fill_between([0, top], [0, 0.9 * top], [0, 1.1 * top], color="0.9", label="+-10 %")
+    ax.plot([0, top], [0, top], color="k", lw=1, label="y = x")
+    for a, runs in table.groupby("a"):
+        ax.scatter(runs.formula, runs.measured, label=f"a = {a:g}", s=22)
+        for _, r in runs.iterrows():
+            ax.annotate(f"{int(r.k)}", (r.formula, r.measured), fontsize=6, xytext=(2, 2), textcoords="offset points")
+    ax.set(xlabel="formula (1 - a^(k+1)) / ((1 - a)(k c + 1)), c measured per run", ylabel="measured speedup",
+           title="Synthetic control, k = 1..8 (labels)", xlim=(0, top), ylim=(0, top))
+    ax.legend(fontsize=7)
+    return fig
 
 
 if __name__ == "__main__":

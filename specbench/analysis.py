@@ -182,7 +182,8 @@ def cost_model(df: pd.DataFrame, verify_curve=None) -> pd.DataFrame:
 
         c_measured        = draft_ms / (k * baseline_tpot_ms)    draft step / target decode step
         r_measured        = verify_ms / baseline_tpot_ms         verify forward / decode step
-        predicted_speedup = tokens_per_round / (k * c_measured + r)
+        o_measured        = other_ms / baseline_tpot_ms          rules and bookkeeping / decode step
+        predicted_speedup = tokens_per_round / (k * c_measured + r + o_measured)
 
     with r = r_measured, or, where `verify_curve` is given (see verify_ratio: q -> t(q)/t(1)
     from a separate verify-cost benchmark, optionally per batch_size), r = the curve at
@@ -198,12 +199,13 @@ def cost_model(df: pd.DataFrame, verify_curve=None) -> pd.DataFrame:
     t1 = t1.where(t1 > 0)
     out["c_measured"] = _numeric(out, "draft_ms") / (k * t1)
     out["r_measured"] = (_numeric(out, "verify_ms") / t1).where(k.notna())
+    out["o_measured"] = (_numeric(out, "other_ms").fillna(0.0) / t1).where(k.notna())  # 0 for rows before it
     r = out["r_measured"]
     if verify_curve is not None:
         batch = _numeric(out, "batch_size") if "batch_size" in out.columns else None
         out["r_curve"] = verify_ratio(verify_curve, verify_positions(out).where(k.notna()), batch)
         r = out["r_curve"]
-    out["predicted_speedup"] = predicted_speedup(_numeric(out, "tokens_per_round"), k, out["c_measured"], r)
+    out["predicted_speedup"] = predicted_speedup(_numeric(out, "tokens_per_round"), k, out["c_measured"], r + out["o_measured"])
     return out
 
 

@@ -41,7 +41,10 @@ class EngineConfig:
 
     name: str = "native"  # hf | native
     cuda_graphs: bool = True  # native on CUDA: replay each forward shape from a CUDA graph
-    compile: bool = False  # native: torch.compile the forward (fused elementwise kernels)
+    compile: bool = False  # native: torch.compile one decoder layer (fused elementwise kernels)
+    # torch.compile's mode with compile; "max-autotune-no-cudagraphs" tunes Triton matmuls per
+    # shape (slower to start; the fastest batch-1 decode measured, results/2026-12-03-h200-runner)
+    compile_mode: Optional[str] = None
 
 
 ENGINES = ("hf", "native")

@@ -130,7 +130,7 @@ def build_engine(cfg: DictConfig, model, inputs: list, feature_layers: tuple):
     longest = max(x.shape[0] for x in inputs)
     return NativeEngine(
         native, cfg.batch_size, longest + cfg.max_new_tokens + q + 1, feature_layers=feature_layers,
-        cuda_graphs=cfg.engine.cuda_graphs, compile=cfg.engine.compile,
+        cuda_graphs=cfg.engine.cuda_graphs, compile=cfg.engine.compile, compile_mode=cfg.engine.compile_mode,
     )
 
 
@@ -183,6 +183,7 @@ def run(cfg: DictConfig, row: dict) -> tuple[list, list]:
     """The decode task: fill `row` with the run's results -> ([row], per-request records).
     Raises ConfigError on bad input before any model work."""
     started = time.perf_counter()
+    _release_memory()  # what an earlier job of the sweep left must not count in this one's peak
     validate(cfg)
     check_path(cfg.target)
     prompts = load_prompts(cfg.dataset)

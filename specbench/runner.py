@@ -73,8 +73,8 @@ class _Request:
 class _Batch:
     """The live requests, by engine row; refilled from the queue as requests finish."""
 
-    def __init__(self, engine, prompts, spec, params, generator, room_extra: int):
-        self.engine, self.prompts, self.spec, self.params, self.generator = engine, prompts, spec, params, generator
+    def __init__(self, engine, prompts, params, generator, room_extra: int):
+        self.engine, self.prompts, self.params, self.generator = engine, prompts, params, generator
         self.room_extra = room_extra
         self.queue = deque(range(len(prompts)))
         self.live: dict[int, _Request] = {}  # row -> request
@@ -125,7 +125,7 @@ def decode_requests(
     k = spec.k if spec else 0
     rule = None if spec is None else ("greedy" if params.greedy else spec.rule)
     q_max = 1 + max(k, (spec.num_draft_tokens or 0) if spec else 0, k * (spec.topk if spec else 1))
-    batch = _Batch(engine, prompts, spec, params, generator, room_extra=max_new_tokens + q_max + 1)
+    batch = _Batch(engine, prompts, params, generator, room_extra=max_new_tokens + q_max + 1)
     records: list = [None] * len(prompts)
     clock = clock if clock is not None else RoundClock()
 

@@ -75,6 +75,11 @@ def test_cost_model_on_a_small_frame():
     np.testing.assert_allclose(curved.r_curve, [1.2, 1.2, np.nan, 1.4])
     np.testing.assert_allclose(curved.predicted_speedup, [1.75 / 1.4, np.nan, np.nan, 2.0 / 1.8])
 
+    # the rules' and bookkeeping's time per round, in decode steps, joins the verify's
+    busy = cost_model(frame.assign(other_ms=[3.0, None, None, 2.0]))
+    np.testing.assert_allclose(busy.o_measured, [0.3, 0.0, np.nan, 0.2])  # a missing other_ms counts as 0
+    np.testing.assert_allclose(busy.predicted_speedup, [1.75 / 1.6, np.nan, np.nan, 2.0 / 1.8])
+
 
 def test_cost_model_without_cost_columns_gives_nan():
     frame = pd.DataFrame([_row(drafter="ngram", k=3, tokens_per_round=2.0, speedup=1.4, tpot_ms=5.0)])

@@ -170,3 +170,21 @@ def test_batched_speculation_accepts_per_request(tiny_model, reference, rule):
     assert [r.tokens for r in records] == reference
     first = [r.accepted[0] for r in records[:3]]  # the first round of the first batch
     assert len(set(first)) > 1 and sum(sum(r.accepted) for r in records) > 0
+
+
+def test_wide_batches_use_the_fused_attention_with_the_same_logits(tiny_model):
+    """64 rows x 2 key/value heads reach FUSED_FROM: the fused kernel then serves decode
+    shapes; rows 5 and 63 still match transformers."""
+    from specbench.engines.native import FUSED_FROM
+
+    engine = make_engine("native", tiny_model, rows=64)
+    assert engine.rows * engine.model.s.kv_heads >= FUSED_FROM
+    prompts = {5: torch.tensor([0, 5, 17, 42]), 63: torch.tensor([0, 88, 3])}
+    for row, prompt in prompts.items():
+        engine.prefill(row, prompt)
+    step = torch.randint(0, 96, (64, 3), generator=torch.Generator().manual_seed(0))
+    logits = engine.forward(step)
+    with torch.no_grad():
+        for row, prompt in prompts.items():
+            ref = tiny_model(torch.cat([prompt, step[row]])[None]).logits[0]
+            assert rel(logits[row], ref[-3:]) < 1e-4
