@@ -118,5 +118,8 @@ def summarize(records: list, stats: SpecStats, wall_s: float, clock: Optional[Ro
         "draft_ms": clock.per_step_ms(clock.draft_s) if speculative else None,
         "verify_ms": clock.per_step_ms(clock.forward_s),
         "other_ms": clock.per_step_ms(clock.other_s),
+        # Prefill time per batched round: at batch > 1 a new request's prefill stalls the others
+        # (continuous batching), a cost the per-round split above does not hold.
+        "prefill_ms": clock.per_step_ms(sum(r.ttft_s for r in records)),
         "wall_s": wall_s,
     }

@@ -188,3 +188,19 @@ def test_wide_batches_use_the_fused_attention_with_the_same_logits(tiny_model):
         for row, prompt in prompts.items():
             ref = tiny_model(torch.cat([prompt, step[row]])[None]).logits[0]
             assert rel(logits[row], ref[-3:]) < 1e-4
+
+
+def test_round_clock_counts_batched_rounds_and_prefills(tiny_model):
+    """Six requests in 3 rows, plain decoding of 24 tokens: at least 23 batched rounds per
+    request slot (fewer than 6 x 23: rows run together), one forward each; prefill_ms spreads
+    the prefills over those rounds."""
+    from specbench.metrics import RoundClock, SpecStats, summarize
+
+    clock = RoundClock()
+    records = decode_requests(make_engine("native", tiny_model, rows=3), PROMPTS, params=GREEDY, max_new_tokens=24,
+                              eos_ids=frozenset(), generator=torch.Generator(), clock=clock)
+    assert 2 * 23 <= clock.steps < 6 * 23 and clock.elapsed_s > 0
+    row = summarize(records, SpecStats(0), wall_s=1.0, clock=clock)
+    assert row["prefill_ms"] == pytest.approx(1e3 * sum(r.ttft_s for r in records) / clock.steps)
+    assert row["verify_ms"] == pytest.approx(1e3 * clock.forward_s / clock.steps)
+    assert row["throughput_tok_s"] == pytest.approx(6 * 24 / clock.elapsed_s)
