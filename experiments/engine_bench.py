@@ -168,7 +168,8 @@ def verify_curve(native, ctx: int, device, compile: bool, qs, steps: int) -> dic
 def memory_batch48(native, ctx: int, device, rows: int, steps: int, compile: bool) -> dict:
     """rows requests at ctx tokens each: the cache allocated, filled with random values (not
     zeros), and one decode step for all rows."""
-    torch.cuda.reset_peak_memory_stats(device) if device.type == "cuda" else None
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
     engine = NativeEngine(native, rows, ctx + 16, compile=compile)
     for cache in (engine.cache_k, engine.cache_v):
         for layer in cache:
@@ -182,7 +183,6 @@ def memory_batch48(native, ctx: int, device, rows: int, steps: int, compile: boo
     if device.type == "cuda":
         out["peak_memory_gb"] = torch.cuda.max_memory_allocated(device) / 1e9
         out["device_memory_gb"] = torch.cuda.get_device_properties(device).total_memory / 1e9
-    del engine
     return out
 
 

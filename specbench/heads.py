@@ -193,6 +193,91 @@ class HeadCache:
             self.keys, self.values = self.keys.repeat_interleave(n, 0), self.values.repeat_interleave(n, 0)
 
 
+class StaticHeadCache:
+    """The head's keys and values for R requests at once, a row each (batched chains):
+    keys / values [R, Hkv, S, hd] after RoPE (S slots: the capacity), lengths [R] int64 on the
+    CPU. Slots 0 .. length - 1 of a row are its cached pairs (slot = position); what lies past
+    a row's length is free, so setting the length rolls a row back with no copy."""
+
+    def __init__(self, config: EagleHeadConfig, rows: int, capacity: int, device, dtype: torch.dtype):
+        self._shape(rows, config.num_key_value_heads, capacity, config.head_dim, device, dtype)
+
+    def _shape(self, rows, kv_heads, capacity, head_dim, device, dtype) -> None:
+        shape = (rows, kv_heads, capacity, head_dim)
+        # Zeros, not empty: masked slots are still multiplied by the queries (NaN would leak).
+        self.keys = torch.zeros(shape, device=device, dtype=dtype)
+        self.values = torch.zeros(shape, device=device, dtype=dtype)
+        self.lengths = torch.zeros(rows, dtype=torch.int64)
+
+    @property
+    def rows(self) -> int:
+        return self.keys.shape[0]
+
+    @property
+    def capacity(self) -> int:
+        return self.keys.shape[2]
+
+    def grown(self, rows: int, capacity: int) -> StaticHeadCache:
+        """A larger cache (rows, capacity >= these) holding every row's entries and length."""
+        R, S = self.rows, self.capacity
+        assert rows >= R and capacity >= S, (rows, capacity, R, S)
+        new = StaticHeadCache.__new__(StaticHeadCache)
+        new._shape(rows, self.keys.shape[1], capacity, self.keys.shape[3], self.keys.device, self.keys.dtype)
+        new.keys[:R, :, :S] = self.keys
+        new.values[:R, :, :S] = self.values
+        new.lengths[:R] = self.lengths
+        return new
+
+
+class _RowsView:
+    """One forward's view of a StaticHeadCache with HeadCache's interface (what Attention calls):
+    input j of batch row b is written at slot starts[b] + j of cache row rows[b] (clamped to the
+    last slot, which only padding reaches), and `append` returns the batch rows' first `span`
+    slots [B, Hkv, span, hd]. Attention is given an explicit mask, so `length` is unused."""
+
+    def __init__(self, cache: StaticHeadCache, rows: list, starts: torch.Tensor, span: int):
+        self.cache, self.starts, self.span = cache, starts, span
+        device = cache.keys.device
+        self.in_order = list(rows) == list(range(len(rows)))  # then rows are a view, not a gather
+        self.rows = torch.tensor(list(rows), dtype=torch.int64, device=device)
+
+    @property
+    def length(self) -> int:
+        return self.span
+
+    def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        c = self.cache
+        B, _, q, _ = keys.shape
+        slots = (self.starts[:, None] + torch.arange(q, device=self.starts.device)).clamp_(max=c.capacity - 1)  # [B, q]
+        rows = self.rows[:, None].expand(B, q)
+        c.keys[rows, :, slots] = keys.transpose(1, 2).to(c.keys.dtype)  # [B, q, Hkv, hd]
+        c.values[rows, :, slots] = values.transpose(1, 2).to(c.values.dtype)
+        if self.in_order:
+            return c.keys[:B, :, : self.span], c.values[:B, :, : self.span]
+        return c.keys[self.rows, :, : self.span], c.values[self.rows, :, : self.span]
+
+
+def hidden_states_rows(head: nn.Module, features: torch.Tensor, input_ids: torch.Tensor, cache: StaticHeadCache,
+                       rows: list, counts: list) -> torch.Tensor:
+    """The head's forward (either kind: its own hidden_states, weights and RoPE) for B requests
+    over a StaticHeadCache. features: [B, q, D], input_ids: [B, q]: batch row b holds counts[b]
+    real pairs, then padding, read after cache row rows[b]'s cached pairs at positions
+    length + j; each input sees its row's slots before its length and its own row's earlier
+    inputs. Every input is written into the cache; the rows' lengths then advance by counts
+    (padding stays past them). -> hidden [B, q, H] (the real ones: [b, :counts[b]])."""
+    B, q = input_ids.shape
+    device = cache.keys.device
+    starts_cpu = cache.lengths[list(rows)]  # [B]
+    span = min(int((starts_cpu + q).max()), cache.capacity)
+    starts = starts_cpu.to(device)
+    positions = starts[:, None] + torch.arange(q, device=device)  # [B, q]
+    mask = torch.arange(span, device=device)[None, None, :] <= positions[:, :, None]  # [B, q, span]
+    view = _RowsView(cache, rows, starts, span)
+    hidden = head.hidden_states(features, input_ids.to(device), positions, view, mask[:, None])
+    cache.lengths[list(rows)] += torch.as_tensor(list(counts), dtype=torch.int64)
+    return hidden
+
+
 # --- building blocks ---------------------------------------------------------------------------
 
 

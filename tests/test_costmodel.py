@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from matplotlib.collections import PathCollection
 
-from specbench import analysis, figures
+from specbench import figures
 from specbench.analysis import (
     cost_model, expected_tokens, expected_tokens_from_positions, iid_rate_from_acceptance, predicted_speedup,
     synthetic_rate, verify_ratio,

@@ -27,6 +27,7 @@ from specbench.tree import compile_tree, with_root
 GREEDY = SamplingParams(0.0, 0, 1.0)
 PROMPTS = [torch.tensor([0, 5, 6, 7, 5, 6]), torch.tensor([0, 9, 10, 11, 12]), torch.tensor([0, 3, 4, 3, 4, 3])]
 NATIVE_CHAIN = ("draft_model", "layerskip")  # drafters whose chains run batched on the native engine
+BATCHED_CHAIN = NATIVE_CHAIN + ("eagle", "eagle3")  # drafters whose chains run batched over cache rows
 SHAPES = {"chain3": (3, 1, None), "3_1_4": (3, 1, 4), "2_2_4": (2, 2, 4), "5_4_8": (5, 4, 8)}
 
 
@@ -97,6 +98,17 @@ def test_greedy_equality_every_drafter_and_tree(name, shape, target, draft_dir, 
     assert all(d <= most for r in records for d in r.drafted)
 
 
+def grow_histories(histories: dict, got, order, accepted: dict) -> dict:
+    """Request i keeps accepted[i] of its drafts in `got`, then gains one more token (40 + i),
+    in place -> the tokens each request gained."""
+    added = {}
+    for b, i in enumerate(order):
+        path = got.tokens[b, : accepted[i]].tolist() + [40 + i]
+        histories[i] = torch.cat([histories[i], torch.tensor(path)])
+        added[i] = len(path)
+    return added
+
+
 def batch_state(drafter, target, histories, ids, shape):
     """The runner's state for these requests; EAGLE drafters get the target's real features."""
     k, topk, tokens = SHAPES[shape]
@@ -127,8 +139,10 @@ def test_a_batch_drafts_each_request_as_a_drafter_of_its_own(name, shape, target
     grow by different amounts and the batch order changes, propose exactly what a batch-1 drafter
     per request proposes; each request's cache reads only its new tokens; `release` forgets a
     request, and its id, reused for a new prompt, starts from an empty cache. (Chains of the
-    draft_model / layerskip drafters run batched on the native engine: their caches are rows,
-    and their reads are checked in test_batched_native_chains_propose_what_the_per_request_path_proposes.)"""
+    draft_model / layerskip drafters run batched on the native engine, EAGLE's over one head
+    cache: their caches are rows, and their reads are checked in
+    test_batched_native_chains_propose_what_the_per_request_path_proposes and
+    test_batched_eagle_chains_propose_what_the_per_request_path_proposes.)"""
     reads = []  # (stepper, tokens read) for every forward of a stepper
     for cls, arg in ((LMStepper, 0), (EagleStepper, 1)):  # the tokens argument of _read
         def counted(self, *args, _read=cls._read, _arg=arg):
@@ -141,7 +155,7 @@ def test_a_batch_drafts_each_request_as_a_drafter_of_its_own(name, shape, target
 
     k, topk, tokens = SHAPES[shape]
     M = k if tokens is None else tokens - 1
-    native = name in NATIVE_CHAIN and shape == "chain3"  # caches: engine rows, not steppers
+    native = name in BATCHED_CHAIN and shape == "chain3"  # caches: rows of one cache, not steppers
     batch = make_drafter(name, target, draft_dir, head_dirs)
     alone = {i: make_drafter(name, target, draft_dir, head_dirs) for i in (7, 3, 11)}
     histories = {7: PROMPTS[0], 3: PROMPTS[1], 11: PROMPTS[2]}
@@ -226,13 +240,7 @@ def test_batched_native_chains_propose_what_the_per_request_path_proposes(name, 
         return got
 
     def grow(got, order, accepted):
-        """Request i keeps accepted[i] drafts, then gains one more token -> tokens gained."""
-        added = {}
-        for b, i in enumerate(order):
-            path = got.tokens[b, : accepted[i]].tolist() + [40 + i]
-            histories[i] = torch.cat([histories[i], torch.tensor(path)])
-            added[i] = len(path)
-        return added
+        return grow_histories(histories, got, order, accepted)
 
     got = propose((7, 3, 11))
     assert sorted(prefills) == sorted(len(h) - 1 for h in histories.values()) and forwards[0] == 1
@@ -369,3 +377,133 @@ def test_kv_slots_under_both_policies_by_hand():
     # SGLang's Llama default (5, 4, 8): 2 x max(20, 8) = 40 slots ahead of the committed length
     assert Policy(k=5, topk=4, num_draft_tokens=8).sglang_per_round == 40
     assert Policy(k=3, topk=1, num_draft_tokens=4).sglang_per_round == 8
+
+
+EAGLE_KINDS = ("eagle", "eagle3")
+
+
+def target_features(target, histories, layers):
+    """B x [T_b - 1, D]: the target's features at every position but the last (the runner's)."""
+    with torch.inference_mode():
+        hidden = [target(h[None], output_hidden_states=True).hidden_states for h in histories]
+    return [torch.cat([hs[i][0, :-1] for i in layers], -1) for hs in hidden]
+
+
+@pytest.mark.parametrize("name", EAGLE_KINDS)
+def test_head_forward_over_rows_matches_the_head_forward(name, target, head_dirs):
+    """heads.hidden_states_rows over a StaticHeadCache (ragged rows, rows out of order, padding,
+    a rolled-back row) gives the head's own forward over a HeadCache, in fp32."""
+    from specbench.heads import HeadCache, StaticHeadCache, hidden_states_rows, load_head
+
+    head = load_head(head_dirs[name], target)
+    D = head.fc.in_features if name == "eagle3" else head.config.hidden_size
+    torch.manual_seed(1)
+    lengths = (5, 2, 7)
+    feats = [torch.randn(n, D) for n in lengths]
+    toks = [torch.randint(0, 96, (n,)) for n in lengths]
+    cache = StaticHeadCache(head.config, 4, 16, "cpu", torch.float32)
+    rows = [2, 0, 3]
+    with torch.inference_mode():
+        # round 1: the first 3 (or fewer) pairs of each; round 2: roll row 0 back to 1, read the rest
+        first = [min(3, n) for n in lengths]
+        q = max(first)
+        F_ = torch.zeros(3, q, D)
+        T_ = torch.zeros(3, q, dtype=torch.int64)
+        for b, n in enumerate(first):
+            F_[b, :n], T_[b, :n] = feats[b][:n], toks[b][:n]
+        hidden_states_rows(head, F_, T_, cache, rows, first)
+        assert cache.lengths[rows].tolist() == first
+        cache.lengths[0] = 1  # batch row 1 (cache row 0) keeps 1 pair
+        starts = [3, 1, 3]
+        counts = [n - s for n, s in zip(lengths, starts)]
+        q = max(counts)
+        F_ = torch.zeros(3, q, D)
+        T_ = torch.zeros(3, q, dtype=torch.int64)
+        for b, (s, n) in enumerate(zip(starts, counts)):
+            F_[b, :n], T_[b, :n] = feats[b][s:], toks[b][s:]
+        got = hidden_states_rows(head, F_, T_, cache, rows, counts)
+        assert cache.lengths[rows].tolist() == list(lengths)
+        for b, (s, n) in enumerate(zip(starts, counts)):
+            want = head.hidden_states(feats[b][None], toks[b][None], torch.arange(lengths[b])[None], HeadCache())
+            torch.testing.assert_close(got[b, :n], want[0, s:], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("sizing", [{}, {"rows": 1, "max_length": 8}])  # defaults; too small: the cache grows
+@pytest.mark.parametrize("name", EAGLE_KINDS)
+def test_batched_eagle_chains_propose_what_the_per_request_path_proposes(name, sizing, target, head_dirs, monkeypatch):
+    """Three requests of different lengths over four rounds of ragged growth (a fully rejected
+    chain rolled back, a fully accepted one, a request released and its row taken by a new id, a
+    history cut back): the batched EAGLE chains equal expand.draft over one EagleStepper per
+    request, token for token; a new request reads all its pairs, a known one only what it gained."""
+    import specbench.drafters.eagle_chain as eagle_chain
+    from specbench.drafters.expand import Steppers, draft
+
+    widths = []  # inputs per row of each batched head forward
+    real = eagle_chain.hidden_states_rows
+    monkeypatch.setattr(eagle_chain, "hidden_states_rows", lambda head, f, ids, *a: widths.append(ids.shape[1]) or real(head, f, ids, *a))
+
+    k = 4
+    batch = make_drafter(name, target, None, head_dirs)
+    if sizing:
+        batch.attach(target, **sizing)
+    steppers = Steppers(lambda: EagleStepper(batch.head))
+    histories = {7: PROMPTS[0], 3: torch.tensor([0, 9]), 11: torch.cat([PROMPTS[2], PROMPTS[1]])}
+
+    def propose(order):
+        widths.clear()
+        hs = [histories[i] for i in order]
+        state = DraftState(tokens=hs, k=k, features=target_features(target, hs, batch.feature_layers),
+                           request_ids=tuple(order))
+        got = batch.propose(state)
+        want = draft(steppers, state, "greedy", GREEDY, None)
+        assert got.is_chain and got.probs is None and got.num_tokens.tolist() == [k] * len(order)
+        assert got.tokens.dtype == torch.int64 and got.tokens.device.type == "cpu"
+        assert got.tokens.tolist() == want.tokens.tolist()
+        assert widths[1:] == [1] * (k - 1)  # one batched sync, k - 1 batched steps
+        return got
+
+    def grow(got, order, accepted):
+        return grow_histories(histories, got, order, accepted)
+
+    got = propose((7, 3, 11))
+    assert widths[0] == max(len(h) - 1 for h in histories.values())  # new rows read every pair
+    added = grow(got, (7, 3, 11), {7: 0, 3: k, 11: 2})  # 7: all rejected (rolled back); 3: all accepted
+    got = propose((11, 7, 3))
+    assert widths[0] == max(added.values())  # each row reads only the pairs it gained
+    batch.release([3, 99])  # 3 finished; 99 was never seen
+    steppers.release([3, 99])
+    assert set(batch.chain.row_of) == {7, 11}
+    grow(got, (11, 7), {11: 1, 7: k})
+    histories[12] = torch.tensor([0, 9, 10, 11, 30, 31, 32])  # a new request, in 3's row
+    got = propose((12, 11, 7))
+    assert widths[0] == len(histories[12]) - 1
+    grow(got, (12, 11, 7), {12: 3, 11: 0, 7: 1})
+    histories[7] = histories[7][:-3]  # a history that lost pairs the row holds: cut back, read again
+    propose((7, 12, 11))
+    if sizing:
+        assert batch.chain.cache.rows >= 3 and batch.chain.max_length >= max(len(h) for h in histories.values()) + k
+
+
+@pytest.mark.parametrize("name", EAGLE_KINDS)
+def test_a_probabilistic_eagle_batch_returns_the_distributions_it_sampled(name, target, head_dirs):
+    """Batched probabilistic EAGLE chains: q [B, k, V] float32, rows summing to 1, every token
+    drawn from its q, and each request's q is the head's distribution after its history and its
+    earlier drafts (an EagleStepper fed the same drafts)."""
+    params = SamplingParams(1.0, 0, 1.0)
+    batch = EagleDrafter(name, head_dirs[name], "probabilistic", params, seed=3)
+    batch.attach(target)
+    k = 3
+    features = target_features(target, PROMPTS, batch.feature_layers)
+    got = batch.propose(DraftState(tokens=PROMPTS, k=k, features=features, request_ids=(5, 6, 7)))
+    V = target.config.vocab_size
+    assert got.probs.shape == (3, k, V) and got.probs.dtype == torch.float32 and got.is_chain
+    assert got.num_tokens.tolist() == [k] * 3
+    torch.testing.assert_close(got.probs.sum(-1), torch.ones(3, k))
+    assert bool((got.probs.gather(-1, got.tokens.unsqueeze(-1)) > 0).all())
+    with torch.inference_mode():
+        for b, history in enumerate(PROMPTS):
+            stepper = EagleStepper(batch.head)
+            logits = stepper.sync(history, features[b])
+            for i in range(k):
+                torch.testing.assert_close(got.probs[b, i], probs_from_logits(logits, params)[0], atol=1e-5, rtol=1e-4)
+                logits = stepper.feed(got.tokens[b, i : i + 1])

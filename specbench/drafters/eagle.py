@@ -9,7 +9,9 @@ states are never kept: the next round replaces them with the target's real featu
 
 EAGLE reads the target's final-norm output; EAGLE-3 three hidden states (low, middle, high),
 concatenated and projected by its `fc`. Both draft chains or EAGLE-2 trees (drafters.expand) for
-B requests at a time, each with a head cache of its own until `release`.
+B requests at a time: trees request by request, each with a head cache of its own (EagleStepper),
+chains for the whole batch together over one head cache with a row per request
+(drafters/eagle_chain.py), until `release`.
 
 Letters: B requests, W rows (1, or the tree's frontier), V vocabulary, H head width, D feature width.
 """
@@ -25,8 +27,10 @@ import torch
 from specbench import fetch
 from specbench.config import ConfigError, EagleConfig
 from specbench.drafters.base import DraftProposal, DraftState
-from specbench.drafters.expand import Steppers, check_sample_method, draft
+from specbench.drafters.eagle_chain import EagleChain
+from specbench.drafters.expand import Steppers, check_sample_method, draft, is_chain
 from specbench.drafters.lm_stepper import common_prefix
+from specbench.drafters.native_chain import MAX_LENGTH, ROWS
 from specbench.heads import HeadCache, load_head
 from specbench.models import looks_local
 from specbench.sampling import SamplingParams
@@ -94,22 +98,31 @@ class EagleDrafter:
                 raise ConfigError("drafter.path", path, f"holds an {found} head, not {kind}")
         self.vocab_size = raw.get("vocab_size")
         self.feature_layers: tuple = ()  # known once the head is attached to its target
-        self.steppers: Optional[Steppers] = None  # request id -> EagleStepper
+        self.head = None  # the head, once attached
+        self.steppers: Optional[Steppers] = None  # request id -> EagleStepper (trees)
+        self.chain: Optional[EagleChain] = None  # chains, batched
         self.generator: Optional[torch.Generator] = None
 
     @classmethod
     def from_config(cls, cfg: EagleConfig, params: SamplingParams, seed: int = 0) -> EagleDrafter:
         return cls(cfg.name, cfg.path, cfg.draft_sample_method, params, seed)
 
-    def attach(self, target) -> None:
-        head = load_head(self.local if self.local.is_dir() else self.path, target)
+    def attach(self, target, rows: int = ROWS, max_length: int = MAX_LENGTH) -> None:
+        """Load the head next to the target. rows, max_length: the batched chains' head cache
+        (the run's batch size and longest request; it grows if short)."""
+        self.head = head = load_head(self.local if self.local.is_dir() else self.path, target)
         self.feature_layers = tuple(head.config.feature_layers)
         self.steppers = Steppers(lambda: EagleStepper(head))
+        self.chain = EagleChain(head, rows, max_length)
         self.generator = torch.Generator(next(head.parameters()).device).manual_seed(self.seed)
 
     def propose(self, state: DraftState) -> DraftProposal:
+        if is_chain(state):
+            return self.chain.propose(state, self.method, self.params, self.generator)
         return draft(self.steppers, state, self.method, self.params, self.generator)
 
     def release(self, request_ids) -> None:
-        """Forget finished requests: their steppers and caches."""
+        """Forget finished requests: their steppers, rows and caches."""
+        request_ids = tuple(request_ids)
         self.steppers.release(request_ids)
+        self.chain.release(request_ids)

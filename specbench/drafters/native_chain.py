@@ -45,65 +45,29 @@ log = logging.getLogger(__name__)
 ROWS, MAX_LENGTH = 8, 2048  # default sizes for callers that do not pass the run's
 
 
-class NativeChain:
-    """Chains for B requests at a time over one NativeEngine, a row per request id.
+class RowCache:
+    """A batched draft cache's rows, one per request id, and what each row holds.
 
-    `build` makes the draft `Transformer` at the first chain round (a run of trees never pays for
-    the fused copy of the weights); if it raises (a family the native engine does not run),
-    `ready()` is False and the caller keeps its per-request path."""
+    Subclasses hold the cache itself and provide `cache_rows`, `max_length` and `_resize(rows,
+    max_length)` (a larger cache keeping every row's entries and length)."""
 
-    def __init__(self, build: Callable[[], object], rows: int = ROWS, max_length: int = MAX_LENGTH,
-                 *, cuda_graphs: bool = True):
-        if rows < 1 or max_length < 1:
-            raise ValueError(f"NativeChain needs rows >= 1 and max_length >= 1, got {rows}, {max_length}")
-        self._build, self._rows, self._max_length, self.cuda_graphs = build, rows, max_length, cuda_graphs
-        self.model = None  # the Transformer, once built
-        self.engine = None  # the NativeEngine, once built
-        self._failed = False
-        self.row_of: dict = {}  # request id -> engine row
-        self.held: list = []  # per row: [n] int64 on the CPU, the tokens whose entries the row holds, or None (free)
+    def __init__(self):
+        self.row_of: dict = {}  # request id -> row
+        self.held: list = []  # per row: [n] int64 on the CPU, the tokens whose entries it holds, or None (free)
 
-    def ready(self) -> bool:
-        """Build the model and its cache on the first call -> whether chains can run here."""
-        if self.engine is None and not self._failed:
-            try:
-                self.model = self._build()
-            except (ValueError, AttributeError, KeyError) as e:
-                self._failed = True
-                log.warning("batched chain drafting is off, chains run request by request: %s", e)
-                return False
-            self._make_engine(self._rows, self._max_length)
-        return self.engine is not None
-
-    @property
-    def max_length(self) -> int:
-        return self.engine.capacity - 1
-
-    def _make_engine(self, rows: int, max_length: int) -> None:
-        from specbench.engines.native import NativeEngine
-
-        old = self.engine
-        self.engine = NativeEngine(self.model, rows, max_length, cuda_graphs=self.cuda_graphs, compile=False)
+    def _resized(self, rows: int, max_length: int) -> None:
+        self._resize(rows, max_length)
         self.held += [None] * (rows - len(self.held))
-        if old is not None:  # a grown cache keeps every row's entries and length
-            R, S = old.rows, old.capacity
-            self.engine.cache_k[:, :R, :, :S] = old.cache_k
-            self.engine.cache_v[:, :R, :, :S] = old.cache_v
-            self.engine.lengths[:R] = old.lengths
 
-    def _fit(self, ids: tuple, histories: list, k: int) -> None:
-        """Grow the cache if these requests need more rows or slots than it has."""
+    def _fit(self, ids: tuple, need: int) -> None:
+        """Grow (doubling) if these requests need more free rows, or a row more than `need` slots."""
         new = len({i for i in ids if i not in self.row_of})
-        rows = self.engine.rows
-        free = sum(h is None for h in self.held)
-        # A row ends the round holding its history and k - 1 drafts (slots 0 .. T + k - 2); the
-        # last slot of the engine only takes clamped padding writes.
-        need = max(h.shape[0] for h in histories) + k
+        rows, free = self.cache_rows, sum(h is None for h in self.held)
         if new > free or need > self.max_length:
             grown_rows = rows if new <= free else max(2 * rows, rows + new - free)
             grown_length = self.max_length if need <= self.max_length else max(2 * self.max_length, need)
-            log.info("draft cache grows to %d rows x %d tokens", grown_rows, grown_length)
-            self._make_engine(grown_rows, grown_length)
+            log.info("%s grows to %d rows x %d slots", type(self).__name__, grown_rows, grown_length)
+            self._resized(grown_rows, grown_length)
 
     def _row(self, request_id: Hashable) -> tuple[int, bool]:
         """-> the request's row, and whether it is new (then the row is taken, holding nothing)."""
@@ -122,6 +86,55 @@ class NativeChain:
             if row is not None:
                 self.held[row] = None
 
+
+class NativeChain(RowCache):
+    """Chains for B requests at a time over one NativeEngine, a row per request id.
+
+    `build` makes the draft `Transformer` at the first chain round (a run of trees never pays for
+    the fused copy of the weights); if it raises (a family the native engine does not run),
+    `ready()` is False and the caller keeps its per-request path."""
+
+    def __init__(self, build: Callable[[], object], rows: int = ROWS, max_length: int = MAX_LENGTH,
+                 *, cuda_graphs: bool = True):
+        if rows < 1 or max_length < 1:
+            raise ValueError(f"NativeChain needs rows >= 1 and max_length >= 1, got {rows}, {max_length}")
+        super().__init__()
+        self._build, self._rows, self._max_length, self.cuda_graphs = build, rows, max_length, cuda_graphs
+        self.model = None  # the Transformer, once built
+        self.engine = None  # the NativeEngine, once built
+        self._failed = False
+
+    def ready(self) -> bool:
+        """Build the model and its cache on the first call -> whether chains can run here."""
+        if self.engine is None and not self._failed:
+            try:
+                self.model = self._build()
+            except (ValueError, AttributeError, KeyError) as e:
+                self._failed = True
+                log.warning("batched chain drafting is off, chains run request by request: %s", e)
+                return False
+            self._resized(self._rows, self._max_length)
+        return self.engine is not None
+
+    @property
+    def max_length(self) -> int:
+        return self.engine.capacity - 1
+
+    @property
+    def cache_rows(self) -> int:
+        return self.engine.rows
+
+    def _resize(self, rows: int, max_length: int) -> None:
+        from specbench.engines.native import NativeEngine
+
+        old = self.engine
+        self.engine = NativeEngine(self.model, rows, max_length, cuda_graphs=self.cuda_graphs, compile=False)
+        if old is not None:  # a grown cache keeps every row's entries and length
+            R, S = old.rows, old.capacity
+            self.engine.cache_k[:, :R, :, :S] = old.cache_k
+            self.engine.cache_v[:, :R, :, :S] = old.cache_v
+            self.engine.lengths[:R] = old.lengths
+
     @torch.inference_mode()
     def propose(self, state: DraftState, method: str, params: SamplingParams,
                 generator: Optional[torch.Generator]) -> DraftProposal:
@@ -132,7 +145,9 @@ class NativeChain:
         assert len(ids) == B and len(set(ids)) == B, ids
         greedy = method == "greedy" or params.greedy
         histories = [t.detach().cpu().view(-1) for t in state.tokens]  # B x [T_b]
-        self._fit(ids, histories, k)
+        # A row ends the round holding its history and k - 1 drafts (slots 0 .. T + k - 2); the
+        # last slot of the engine only takes clamped padding writes.
+        self._fit(ids, max(h.shape[0] for h in histories) + k)
         engine = self.engine
         rows, new = zip(*(self._row(i) for i in ids))
 
