@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 FAMILIES = ("llama", "mistral", "qwen2")
+COMPILE_SCOPES = ("layer", "model")
 
 
 @dataclass(frozen=True)
@@ -235,7 +236,8 @@ class NativeEngine:
     emitted token, which is the first input of the row's next `forward`."""
 
     def __init__(self, model: Transformer, rows: int, max_length: int, *, feature_layers: tuple = (),
-                 cuda_graphs: bool = True, compile: bool = False, compile_mode: Optional[str] = None):
+                 cuda_graphs: bool = True, compile: bool = False, compile_mode: Optional[str] = None,
+                 compile_scope: str = "layer"):
         s = model.s
         param = next(model.parameters())
         self.model, self.rows, self.feature_layers = model, rows, tuple(feature_layers)
@@ -246,9 +248,14 @@ class NativeEngine:
         self.cache_v = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.lengths = torch.zeros(rows, dtype=torch.int64, device=self.device)  # [B]
         self.kv_bytes_per_token = 2 * s.layers * s.kv_heads * s.head_dim * self.cache_k.element_size()  # K and V
-        # Regional compilation: one layer's graph, reused by every layer (the weights are inputs);
-        # dynamic in q after the second shape. Prefills run uncompiled: their lengths all differ.
-        self._layer = torch.compile(block, fullgraph=True, mode=compile_mode) if compile else block
+        # compile_scope "layer": one layer's graph, reused by every layer (the weights are inputs),
+        # quick to compile; "model": the whole forward, which can also fuse across layers and the
+        # mask and RoPE tables. Dynamic in q after the second shape. Prefills run uncompiled.
+        if compile_scope not in COMPILE_SCOPES:
+            raise ValueError(f"compile_scope={compile_scope}: valid scopes: {', '.join(COMPILE_SCOPES)}")
+        whole = compile and compile_scope == "model"
+        self._layer = torch.compile(block, fullgraph=True, mode=compile_mode) if compile and not whole else block
+        self._forward = torch.compile(model.forward, fullgraph=True, mode=compile_mode) if whole else model.forward
         self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
         self._graphs: dict = {}  # (q, tree) -> (graph, static inputs, static outputs)
 
@@ -293,7 +300,7 @@ class NativeEngine:
 
     def _run(self, inputs):
         attention = attend if self.rows * self.model.s.kv_heads < FUSED_FROM else fused_attend
-        return self.model(*inputs, self.cache_k, self.cache_v, self.feature_layers, layer=self._layer, attention=attention)
+        return self._forward(*inputs, self.cache_k, self.cache_v, self.feature_layers, layer=self._layer, attention=attention)
 
     def _replay(self, inputs, tree: bool):
         """A chain's graph keeps its depth and mask from the capture: only the tokens change."""

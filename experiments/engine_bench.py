@@ -84,12 +84,12 @@ def build_hf(shape: dict, device, dtype):
     return model.eval()
 
 
-def native_decode(native, ctx: int, device, compile: bool, steps: int, mode=None) -> dict:
+def native_decode(native, ctx: int, device, compile: bool, steps: int, mode=None, scope="layer") -> dict:
     """Decode steps at batch 1 after a prefill of ctx random tokens: the engine's own loop
     (inputs copied in, one graph replay, lengths moved), and the graph replay alone."""
     if mode is not None:
         torch._dynamo.reset()  # compiled code is cached per function: forget the default mode's
-    engine = NativeEngine(native, 1, ctx + steps * 8 + 64, compile=compile, compile_mode=mode)
+    engine = NativeEngine(native, 1, ctx + steps * 8 + 64, compile=compile, compile_mode=mode, compile_scope=scope)
     prompt = torch.randint(0, native.s.vocab_size, (ctx,), device=device)
     engine.prefill(0, prompt)
     token = torch.randint(0, native.s.vocab_size, (1, 1))
@@ -202,7 +202,8 @@ def attempt(results: dict, key: str, fn, out: Path):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("out", type=Path)
-    ap.add_argument("--parts", default="a,b,m", help="a, b, m, and autotune (a's max-autotune variant)")
+    ap.add_argument("--parts", default="a,b,m",
+                    help="a, b, m; autotune and model add a's max-autotune variants (one layer, the whole forward)")
     ap.add_argument("--tiny", action="store_true")
     args = ap.parse_args(argv)
     parts = set(args.parts.split(","))
@@ -249,6 +250,9 @@ def main(argv=None) -> int:
     if "a" in parts and "autotune" in parts:  # last: Triton matmul templates tuned per shape (slow to compile)
         attempt(results, "native_autotune_graphs",
                 lambda: native_decode(native, ctx, device, True, steps, "max-autotune-no-cudagraphs"), args.out)
+    if "a" in parts and "model" in parts:  # the whole forward compiled: fusion across layers (slower to compile)
+        attempt(results, "native_model_autotune_graphs",
+                lambda: native_decode(native, ctx, device, True, steps, "max-autotune-no-cudagraphs", "model"), args.out)
     print_table(results)
     return 0
 
@@ -258,14 +262,14 @@ def print_table(r: dict) -> None:
     print(f"\n{r['device']}  torch {r['torch']}  transformers {r['transformers']}  {r['date']}  sha {r['git_sha']}")
     print(f"weights {r['weight_bytes'] / 1e9:.2f} GB, copy bandwidth {r['copy_bandwidth'] / 1e12:.2f} TB/s, floor {floor:.2f} ms")
     print("a. decode at batch 1                     ms/token   x floor")
-    for key in ("native_graphs", "native_compiled_graphs", "native_autotune_graphs", "hf_static_compiled", "hf_generate"):
+    native_keys = ("native_graphs", "native_compiled_graphs", "native_autotune_graphs", "native_model_autotune_graphs")
+    for key in native_keys + ("hf_static_compiled", "hf_generate"):
         v = r.get(key, {})
         if "ms" in v:
             print(f"   {key:34s} {v['ms']:8.2f}  {v['ms'] / floor:7.2f}" + (f"   (replay alone {v['replay_ms']:.2f})" if "replay_ms" in v else ""))
         elif v:
             print(f"   {key:34s} {v}")
-    best = min((r[k]["ms"] for k in ("native_graphs", "native_compiled_graphs", "native_autotune_graphs")
-                if "ms" in r.get(k, {})), default=None)
+    best = min((r[k]["ms"] for k in native_keys if "ms" in r.get(k, {})), default=None)
     for key in ("hf_static_compiled", "hf_generate"):
         if best and "ms" in r.get(key, {}):
             print(f"   native vs {key}: {r[key]['ms'] / best:.1f} x faster")

@@ -45,6 +45,7 @@ class EngineConfig:
     # torch.compile's mode with compile; "max-autotune-no-cudagraphs" tunes Triton matmuls per
     # shape (slower to start; the fastest batch-1 decode measured, results/2026-12-03-h200-runner)
     compile_mode: Optional[str] = None
+    compile_scope: str = "layer"  # layer: one decoder layer's graph serves all; model: the whole forward
 
 
 ENGINES = ("hf", "native")
@@ -265,6 +266,8 @@ def validate(cfg: DictConfig | SpecBenchConfig) -> None:
         raise ConfigError("batch_size", cfg.batch_size, "must be >= 1")
     if cfg.engine.name not in ENGINES:
         raise ConfigError("engine", cfg.engine.name, f"valid engines: {', '.join(ENGINES)}")
+    if cfg.engine.get("compile_scope", "layer") not in ("layer", "model"):
+        raise ConfigError("engine.compile_scope", cfg.engine.compile_scope, "valid scopes: layer, model")
     if cfg.engine.name == "hf" and cfg.batch_size > 1:
         raise ConfigError("batch_size", cfg.batch_size, "engine=hf runs one request at a time; use engine=native")
     if cfg.dataset.num_prompts == 0 or cfg.dataset.num_prompts < -1:

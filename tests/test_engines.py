@@ -204,3 +204,27 @@ def test_round_clock_counts_batched_rounds_and_prefills(tiny_model):
     assert row["prefill_ms"] == pytest.approx(1e3 * sum(r.ttft_s for r in records) / clock.steps)
     assert row["verify_ms"] == pytest.approx(1e3 * clock.forward_s / clock.steps)
     assert row["throughput_tok_s"] == pytest.approx(6 * 24 / clock.elapsed_s)
+
+
+@pytest.mark.parametrize("scope", ["layer", "model"])
+def test_compiled_forward_matches_the_eager_one(tiny_model, scope):
+    """torch.compile of one layer (reused by all) or of the whole forward computes the same
+    logits as the eager engine, for a chain and a tree, in rows of different lengths (CPU:
+    no graphs; about half a minute of compilation each)."""
+    engines = [NativeEngine(Transformer.from_hf(tiny_model), 2, 64, compile=c, compile_scope=scope) for c in (False, True)]
+    tree = compile_tree(torch.tensor([-1, 0, 0, 1]))
+    step = torch.tensor([[3, 4, 5, 6], [7, 8, 9, 10]])
+    outs = []
+    for engine in engines:
+        engine.prefill(0, torch.tensor([0, 5, 17, 42, 7]))
+        engine.prefill(1, torch.tensor([0, 88]))
+        chain_logits = engine.forward(step)
+        engine.advance([[0, 1], [0]])
+        outs.append((chain_logits, engine.forward(step, tree.depth.expand(2, 4), tree.mask.expand(2, 4, 4))))
+    for eager, compiled in zip(*outs):
+        assert rel(compiled, eager) < 1e-5
+
+
+def test_unknown_compile_scope_is_refused(tiny_model):
+    with pytest.raises(ValueError, match="compile_scope=graph"):
+        NativeEngine(Transformer.from_hf(tiny_model), 1, 16, compile=True, compile_scope="graph")
