@@ -194,11 +194,9 @@ def run(cfg: DictConfig, row: dict) -> tuple[list, list]:
 
     model, tokenizer = load_target(cfg.target)
     inputs = encode_prompts(prompts, tokenizer)
-    if hasattr(drafter, "attach"):
-        # draft_model / layerskip / EAGLE size their batched chain cache like build_engine sizes the target's
-        sizing = ({"rows": cfg.batch_size, "max_length": max(x.shape[0] for x in inputs) + cfg.max_new_tokens + cfg.k + 2}
-                  if cfg.drafter.name in ("draft_model", "layerskip", "synthetic", "eagle", "eagle3") else {})
-        drafter.attach(model, **sizing)
+    if hasattr(drafter, "attach"):  # model drafters: their batched chains' cache sized like the target's
+        longest = max(x.shape[0] for x in inputs)
+        drafter.attach(model, rows=cfg.batch_size, max_length=longest + cfg.max_new_tokens + cfg.k + 2)
     engine = build_engine(cfg, model, inputs, tuple(getattr(drafter, "feature_layers", ())))
     device = provenance.device_name(engine.device)
     eos = eos_ids(tokenizer, model)
