@@ -24,8 +24,7 @@ import torch
 
 from specbench import fetch
 from specbench.config import ConfigError, DraftModelConfig
-from specbench.drafters.base import DraftProposal, DraftState
-from specbench.drafters.expand import Steppers, check_sample_method, draft, is_chain
+from specbench.drafters.expand import ChainsAndTrees, Steppers, check_sample_method
 from specbench.drafters.lm_stepper import LMStepper
 from specbench.drafters.native_chain import MAX_LENGTH, ROWS, NativeChain
 from specbench.models import looks_local
@@ -87,7 +86,7 @@ def draft_vocab_size(path: str) -> int:
         raise ConfigError("drafter.path", path, f"cannot read its config: {str(e).splitlines()[0]}") from None
 
 
-class DraftModelDrafter:
+class DraftModelDrafter(ChainsAndTrees):
     name = "draft_model"
     feature_layers = ()
 
@@ -114,14 +113,3 @@ class DraftModelDrafter:
         self.steppers = Steppers(lambda: LMStepper(model))
         self.chain = NativeChain(lambda: Transformer.from_hf(model), rows, max_length)
         self.generator = torch.Generator(next(model.parameters()).device).manual_seed(self.seed)
-
-    def propose(self, state: DraftState) -> DraftProposal:
-        if is_chain(state) and self.chain.ready():
-            return self.chain.propose(state, self.method, self.params, self.generator)
-        return draft(self.steppers, state, self.method, self.params, self.generator)
-
-    def release(self, request_ids) -> None:
-        """Forget finished requests: their steppers, rows and caches."""
-        request_ids = tuple(request_ids)
-        self.steppers.release(request_ids)
-        self.chain.release(request_ids)

@@ -26,9 +26,8 @@ import torch
 
 from specbench import fetch
 from specbench.config import ConfigError, EagleConfig
-from specbench.drafters.base import DraftProposal, DraftState
 from specbench.drafters.eagle_chain import EagleChain
-from specbench.drafters.expand import Steppers, check_sample_method, draft, is_chain
+from specbench.drafters.expand import ChainsAndTrees, Steppers, check_sample_method
 from specbench.drafters.lm_stepper import common_prefix
 from specbench.drafters.native_chain import MAX_LENGTH, ROWS
 from specbench.heads import HeadCache, load_head
@@ -84,7 +83,7 @@ def _local(path: str) -> Path:
     return local
 
 
-class EagleDrafter:
+class EagleDrafter(ChainsAndTrees):
     def __init__(self, kind: str, path: str, draft_sample_method: str, params: SamplingParams, seed: int = 0):
         if kind not in ("eagle", "eagle3"):
             raise ConfigError("drafter.name", kind, "valid EAGLE drafters: eagle, eagle3")
@@ -115,14 +114,3 @@ class EagleDrafter:
         self.steppers = Steppers(lambda: EagleStepper(head))
         self.chain = EagleChain(head, rows, max_length)
         self.generator = torch.Generator(next(head.parameters()).device).manual_seed(self.seed)
-
-    def propose(self, state: DraftState) -> DraftProposal:
-        if is_chain(state):
-            return self.chain.propose(state, self.method, self.params, self.generator)
-        return draft(self.steppers, state, self.method, self.params, self.generator)
-
-    def release(self, request_ids) -> None:
-        """Forget finished requests: their steppers, rows and caches."""
-        request_ids = tuple(request_ids)
-        self.steppers.release(request_ids)
-        self.chain.release(request_ids)

@@ -70,6 +70,24 @@ class Steppers(dict):
             self.pop(request_id, None)
 
 
+class ChainsAndTrees:
+    """propose / release of a model drafter: chains through its batched `chain`
+    (drafters/native_chain.py, drafters/eagle_chain.py) when that can run, trees (and chains
+    when it cannot) request by request through its `steppers`. The drafter sets steppers,
+    chain, method, params and generator in `attach`."""
+
+    def propose(self, state: DraftState) -> DraftProposal:
+        if is_chain(state) and self.chain.ready():
+            return self.chain.propose(state, self.method, self.params, self.generator)
+        return draft(self.steppers, state, self.method, self.params, self.generator)
+
+    def release(self, request_ids) -> None:
+        """Forget finished requests: their steppers, rows and caches."""
+        request_ids = tuple(request_ids)
+        self.steppers.release(request_ids)
+        self.chain.release(request_ids)
+
+
 def check_sample_method(method: str) -> None:
     if method not in SAMPLE_METHODS:
         raise ConfigError("drafter.draft_sample_method", method, f"valid: {', '.join(SAMPLE_METHODS)}")

@@ -15,8 +15,7 @@ import torch
 from torch import nn
 
 from specbench.config import ConfigError, LayerSkipConfig
-from specbench.drafters.base import DraftProposal, DraftState
-from specbench.drafters.expand import Steppers, check_sample_method, draft, is_chain
+from specbench.drafters.expand import ChainsAndTrees, Steppers, check_sample_method
 from specbench.drafters.lm_stepper import LMStepper
 from specbench.drafters.native_chain import MAX_LENGTH, ROWS, NativeChain
 from specbench.sampling import SamplingParams
@@ -41,7 +40,7 @@ def truncated(model, layers: int):
     return outer
 
 
-class LayerSkipDrafter:
+class LayerSkipDrafter(ChainsAndTrees):
     name = "layerskip"
     feature_layers = ()
 
@@ -68,14 +67,3 @@ class LayerSkipDrafter:
         self.steppers = Steppers(lambda: LMStepper(view))
         self.chain = NativeChain(lambda: Transformer.from_hf(view), rows, max_length)
         self.generator = torch.Generator(next(view.parameters()).device).manual_seed(self.seed)
-
-    def propose(self, state: DraftState) -> DraftProposal:
-        if is_chain(state) and self.chain.ready():
-            return self.chain.propose(state, self.method, self.params, self.generator)
-        return draft(self.steppers, state, self.method, self.params, self.generator)
-
-    def release(self, request_ids) -> None:
-        """Forget finished requests: their steppers, rows and caches."""
-        request_ids = tuple(request_ids)
-        self.steppers.release(request_ids)
-        self.chain.release(request_ids)

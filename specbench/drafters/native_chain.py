@@ -55,6 +55,10 @@ class RowCache:
         self.row_of: dict = {}  # request id -> row
         self.held: list = []  # per row: [n] int64 on the CPU, the tokens whose entries it holds, or None (free)
 
+    def ready(self) -> bool:
+        """Whether batched chains can run (NativeChain: once its draft model is built)."""
+        return True
+
     def _resized(self, rows: int, max_length: int) -> None:
         self._resize(rows, max_length)
         self.held += [None] * (rows - len(self.held))

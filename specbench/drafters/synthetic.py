@@ -19,14 +19,14 @@ import torch
 
 from specbench.config import ConfigError, SyntheticConfig
 from specbench.drafters.base import DraftProposal, DraftState
-from specbench.drafters.expand import Steppers, draft, is_chain
+from specbench.drafters.expand import ChainsAndTrees, Steppers, is_chain
 from specbench.drafters.layerskip import truncated
 from specbench.drafters.lm_stepper import LMStepper
 from specbench.drafters.native_chain import MAX_LENGTH, ROWS, NativeChain
 from specbench.sampling import SamplingParams
 
 
-class SyntheticDrafter:
+class SyntheticDrafter(ChainsAndTrees):
     name = "synthetic"
     feature_layers = ()
 
@@ -35,6 +35,7 @@ class SyntheticDrafter:
         if not rates or not all(0.0 <= a <= 1.0 for a in rates):
             raise ConfigError("drafter.acceptance_rates", acceptance_rates, "need one or more rates in [0, 1]")
         self.rates, self.draft_layers, self.params = rates, draft_layers, params
+        self.method, self.generator = "greedy", None  # the drafts' text does not matter: acceptance is dictated
         self.coins = torch.Generator().manual_seed(seed)
         self.steppers: Optional[Steppers] = None  # request id -> LMStepper (if the native chain cannot run)
         self.chain: Optional[NativeChain] = None  # batched chains
@@ -57,15 +58,7 @@ class SyntheticDrafter:
     def propose(self, state: DraftState) -> DraftProposal:
         if not is_chain(state):
             raise ConfigError("tree.topk", state.topk, "the synthetic control drafts chains only (topk=1)")
-        if self.chain.ready():
-            return self.chain.propose(state, "greedy", self.params, None)
-        return draft(self.steppers, state, "greedy", self.params, None)
-
-    def release(self, request_ids) -> None:
-        """Forget finished requests: their rows, steppers and caches."""
-        request_ids = tuple(request_ids)
-        self.steppers.release(request_ids)
-        self.chain.release(request_ids)
+        return super().propose(state)
 
     def forced_acceptance(self, num_drafted: int) -> int:
         """The accepted prefix length for a round of num_drafted drafts."""
