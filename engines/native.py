@@ -27,6 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specbench.kernels.gemv import project, rms_norm
+
 FAMILIES = ("llama", "mistral", "qwen2")
 COMPILE_SCOPES = ("layer", "model")
 
@@ -58,13 +60,6 @@ class Shape:
             hidden=config.intermediate_size, eps=config.rms_norm_eps,
             qkv_bias=config.model_type == "qwen2" or bool(getattr(config, "attention_bias", False)),
         )
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """Llama's RMSNorm: normalised in fp32, scaled in the input dtype."""
-    h = x.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * h.to(x.dtype)
 
 
 class RMSNorm(nn.Module):
@@ -106,13 +101,15 @@ def fused_attend(xq: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch
 
 
 def block(s: Shape, attention, x, cos, sin, mask, k_cache, v_cache, rows, slots,
-          attention_norm, wqkv, bqkv, wo, ffn_norm, w13, w2):
+          attention_norm, wqkv, bqkv, wo, ffn_norm, w13, w2, kernels: bool = False):
     """One decoder layer as a function of its weights, so that one compiled function serves
     every layer. x: [B, q, D]; mask: [B, 1, G*q, S] bool; k_cache, v_cache: [B, Hkv, S, hd];
-    rows: [B, 1], slots: [B, q] where the new entries go; attention: attend or fused_attend."""
+    rows: [B, 1], slots: [B, q] where the new entries go; attention: attend or fused_attend.
+    kernels: the projections through specbench.kernels.gemv where it applies (one input row:
+    the norms, the MLP activation and the residual adds folded into them)."""
     B, q, _ = x.shape
     G = s.heads // s.kv_heads
-    qkv = F.linear(rms_norm(x, attention_norm, s.eps), wqkv, bqkv)
+    qkv = project(x, wqkv, bqkv, norm=attention_norm, eps=s.eps, kernel=kernels)
     xq, xk, xv = qkv.split([s.heads * s.head_dim, s.kv_heads * s.head_dim, s.kv_heads * s.head_dim], -1)
     xq = rotate(xq.view(B, q, s.heads, s.head_dim), cos, sin)
     xk = rotate(xk.view(B, q, s.kv_heads, s.head_dim), cos, sin)
@@ -122,9 +119,9 @@ def block(s: Shape, attention, x, cos, sin, mask, k_cache, v_cache, rows, slots,
     xq = xq.view(B, q, s.kv_heads, G, s.head_dim).permute(0, 2, 3, 1, 4).reshape(B, s.kv_heads, G * q, s.head_dim)
     o = attention(xq, k_cache, v_cache, mask)  # [B, Hkv, G*q, hd]
     o = o.view(B, s.kv_heads, G, q, s.head_dim).permute(0, 3, 1, 2, 4).reshape(B, q, s.heads * s.head_dim)
-    x = x + F.linear(o, wo)
-    gate, up = F.linear(rms_norm(x, ffn_norm, s.eps), w13).chunk(2, -1)
-    return x + F.linear(F.silu(gate) * up, w2)
+    x = project(o, wo, residual=x, kernel=kernels)
+    h = project(x, w13, norm=ffn_norm, eps=s.eps, glu=True, kernel=kernels)  # [B, q, hidden]
+    return project(h, w2, residual=x, kernel=kernels)
 
 
 class Block(nn.Module):
@@ -155,13 +152,13 @@ class Transformer(nn.Module):
         self.rope_scale = rope_scale  # transformers' attention_scaling (1.0 but for YaRN-like rope)
 
     def forward(self, tokens, lengths, depth, ancestors, cache_k, cache_v, feature_layers=(), last=None,
-                layer=block, attention=attend):
+                layer=block, attention=attend, kernels=False):
         """tokens: [B, q] at depths depth [B, q] past each row's length [B], seeing the cache
         before it and the inputs in ancestors [B, q, q] (bool, diagonal set). cache_k, cache_v:
         [L, B, Hkv, S, hd]. -> logits [B, q, V] (or [B, V] at the positions `last` [B]), and
         the features [B, q, D * len(feature_layers)] (transformers' hidden_states indices:
         i < L the input of layer i, L the final-norm output) or None. `layer` computes each
-        layer (`block`, or a compiled copy of it) with `attention`."""
+        layer (`block`, or a compiled copy of it) with `attention`; `kernels`: see block."""
         s = self.s
         B, q = tokens.shape
         S = cache_k.shape[3]
@@ -183,13 +180,14 @@ class Transformer(nn.Module):
         for i, weights in enumerate(self.layers):
             if i in feature_layers:
                 states[i] = x
-            x = layer(s, attention, x, cos, sin, mask, cache_k[i], cache_v[i], rows, slots, *weights.weights)
+            x = layer(s, attention, x, cos, sin, mask, cache_k[i], cache_v[i], rows, slots, *weights.weights,
+                      kernels=kernels)
         x = self.norm(x)
         states[s.layers] = x
         features = torch.cat([states[i] for i in feature_layers], -1) if feature_layers else None
         if last is not None:
             x = x[rows[:, 0], last]  # [B, D]
-        return self.output(x), features
+        return project(x, self.output.weight, kernel=kernels), features
 
     @classmethod
     def from_hf(cls, model) -> Transformer:
@@ -237,7 +235,7 @@ class NativeEngine:
 
     def __init__(self, model: Transformer, rows: int, max_length: int, *, feature_layers: tuple = (),
                  cuda_graphs: bool = True, compile: bool = False, compile_mode: Optional[str] = None,
-                 compile_scope: str = "layer"):
+                 compile_scope: str = "layer", kernels: bool = False):
         s = model.s
         param = next(model.parameters())
         self.model, self.rows, self.feature_layers = model, rows, tuple(feature_layers)
@@ -257,6 +255,7 @@ class NativeEngine:
         self._layer = torch.compile(block, fullgraph=True, mode=compile_mode) if compile and not whole else block
         self._forward = torch.compile(model.forward, fullgraph=True, mode=compile_mode) if whole else model.forward
         self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
+        self.kernels = kernels  # decode projections through specbench.kernels.gemv (see block)
         self._graphs: dict = {}  # (q, tree) -> (graph, static inputs, static outputs)
 
     @property
@@ -300,7 +299,8 @@ class NativeEngine:
 
     def _run(self, inputs):
         attention = attend if self.rows * self.model.s.kv_heads < FUSED_FROM else fused_attend
-        return self._forward(*inputs, self.cache_k, self.cache_v, self.feature_layers, layer=self._layer, attention=attention)
+        return self._forward(*inputs, self.cache_k, self.cache_v, self.feature_layers, layer=self._layer,
+                             attention=attention, kernels=self.kernels)
 
     def _replay(self, inputs, tree: bool):
         """A chain's graph keeps its depth and mask from the capture: only the tokens change."""

@@ -6,6 +6,7 @@
      transformers' `generate`;
   b. the verify forward's cost t(q), q = 1..33 positions, at context 512 and 4096;
   m. memory: batch 48 at context 4096 (weights, KV cache, peak) and its decode step.
+  fused: the decode step with matmul against fused attention over batches and contexts.
 
     python experiments/engine_bench.py OUT [--parts a,b,m] [--tiny]
 
@@ -186,6 +187,31 @@ def memory_batch48(native, ctx: int, device, rows: int, steps: int, compile: boo
     return out
 
 
+def attention_crossover(native, device, ctxs, batches, steps: int) -> list:
+    """The decode step (eager layers in CUDA graphs) with the matmul attention and with the
+    fused kernel at each batch and context: where FUSED_FROM (engines/native.py) should sit."""
+    from specbench.engines import native as native_mod
+
+    rows = []
+    saved = native_mod.FUSED_FROM
+    try:
+        for ctx in ctxs:
+            for B in batches:
+                row = {"ctx": ctx, "rows": B}
+                for name, threshold in (("matmul_ms", 1 << 30), ("fused_ms", 0)):
+                    native_mod.FUSED_FROM = threshold
+                    engine = NativeEngine(native, B, ctx + 16)
+                    engine.lengths.fill_(ctx)
+                    tokens = torch.randint(0, native.s.vocab_size, (B, 1))
+                    row[name] = median_ms(lambda: engine.forward(tokens), device, n=steps)
+                row["fused_over_matmul"] = row["fused_ms"] / row["matmul_ms"]
+                print(row, flush=True)
+                rows.append(row)
+    finally:
+        native_mod.FUSED_FROM = saved
+    return rows
+
+
 def attempt(results: dict, key: str, fn, out: Path):
     """One measurement; its failure is recorded, and everything so far is written at once."""
     t = time.perf_counter()
@@ -203,7 +229,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("out", type=Path)
     ap.add_argument("--parts", default="a,b,m",
-                    help="a, b, m; autotune and model add a's max-autotune variants (one layer, the whole forward)")
+                    help="a, b, m, fused (the attention crossover); autotune and model add a's "
+                         "max-autotune variants (one layer, the whole forward)")
     ap.add_argument("--tiny", action="store_true")
     args = ap.parse_args(argv)
     parts = set(args.parts.split(","))
@@ -247,6 +274,10 @@ def main(argv=None) -> int:
     if "m" in parts:
         attempt(results, "memory_batch48_ctx4096",
                 lambda: memory_batch48(native, 128 if args.tiny else 4096, device, 48, steps, True), args.out)
+    if "fused" in parts:
+        attempt(results, "attention_crossover", lambda: attention_crossover(
+            native, device, (128,) if args.tiny else (512, 4096), (1, 4) if args.tiny else (1, 2, 4, 8, 16, 32, 48),
+            max(steps // 2, 1)), args.out)
     if "a" in parts and "autotune" in parts:  # last: Triton matmul templates tuned per shape (slow to compile)
         attempt(results, "native_autotune_graphs",
                 lambda: native_decode(native, ctx, device, True, steps, "max-autotune-no-cudagraphs"), args.out)

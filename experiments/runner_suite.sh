@@ -5,7 +5,10 @@
 #   synthetic  the timing control: acceptance dictated at a = 0.6 .. 0.9, k = 1 .. 8, batch 1
 #   real       ngram, ngram_trie, draft_model, layerskip, eagle3 (k = 4 chains) on MT-Bench and
 #              HumanEval, batch 1, 8 and 48, temperature 0 and 0.7
-#   sampling   draft_model with draft_sample_method=probabilistic beside the greedy runs of `real`
+#   sampling   draft_model with draft_sample_method greedy and probabilistic, T = 0.7, side by
+#              side in one process (so their peak memory compares)
+#   eagle3_b8  eagle3 at batch 8, T = 0.7 alone (a re-run)
+# TEMPS (default 0,0.7) and DRAFTERS (default all five) narrow `real`.
 # Sizes: SYN_PROMPTS x SYN_TOKENS (default 4 x 96) for the control; TOKENS new tokens (48) for
 # real weights, with 16 prompts at batch 1 and 8 and 48 at batch 48 (every row busy).
 # ENGINE_ARGS (default: engine=native engine.compile=true) picks the target's engine.
@@ -35,13 +38,18 @@ real() {  # $1: batch sizes, $2: prompts, then extra overrides
   shift 2
   run -m "$@" k=4 dataset=mt_bench,humaneval batch_size="$batches" dataset.num_prompts="$prompts" max_new_tokens="$tokens"
 }
+drafters=${DRAFTERS:-ngram,ngram_trie,draft_model,layerskip,eagle3}
+temps=${TEMPS:-0,0.7}
 if [[ $parts == *" real "* ]]; then
-  real 1,8 16 +drafter=ngram,ngram_trie,draft_model,layerskip,eagle3 temperature=0,0.7
-  real 48 48 +drafter=ngram,ngram_trie,draft_model,layerskip,eagle3 temperature=0,0.7
+  real 1,8 16 +drafter="$drafters" temperature="$temps"
+  real 48 48 +drafter="$drafters" temperature="$temps"
+fi
+if [[ $parts == *" eagle3_b8 "* ]]; then
+  real 8 16 +drafter=eagle3 temperature=0.7
 fi
 if [[ $parts == *" sampling "* ]]; then
-  real 1,8 16 +drafter=draft_model drafter.draft_sample_method=probabilistic temperature=0.7
-  real 48 48 +drafter=draft_model drafter.draft_sample_method=probabilistic temperature=0.7
+  real 1,8 16 +drafter=draft_model drafter.draft_sample_method=greedy,probabilistic temperature=0.7
+  real 48 48 +drafter=draft_model drafter.draft_sample_method=greedy,probabilistic temperature=0.7
 fi
 "$py" - "$res" "$out" <<'PY'
 import sys, pathlib

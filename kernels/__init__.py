@@ -1,5 +1,37 @@
 """Triton kernels, each beside its torch reference (installed as specbench.kernels).
 
-None yet: verification and n-gram lookup kernels come with the Triton work; until then every
-rule and drafter runs on the pure torch reference in specbench.rules / specbench.drafters.
+    chain.py   chain rejection sampling: standard, onehot, target_only, thresholded, greedy
+    tree.py    SGLang's target-only tree walk, with its thresholds, and greedy
+    ngram.py   prompt lookup over a batch of histories (reference: specbench.drafters.ngram)
+    vocab.py   what the verification kernels share: Gumbel-max over a vocabulary row in tiles
+    gemv.py    skinny matrix products for decode (engines/native.py)
+
+Rules and the n-gram drafter run them with impl=triton (rule.impl, drafter.impl); the default
+impl=torch runs specbench.rules / specbench.drafters unchanged. Only impl=triton needs the
+triton package. On CPU tensors the kernels run in Triton's interpreter, which TRITON_INTERPRET=1
+selects when set before triton is first imported (specbench.kernels.vocab).
 """
+
+from __future__ import annotations
+
+import importlib
+
+import torch
+
+from specbench.config import ConfigError
+
+
+def load(name: str, device: torch.device, key: str):
+    """The kernel module `name` for tensors on `device`; a one-line ConfigError naming the config
+    `key` (rule.impl, drafter.impl) when triton is missing or cannot run there."""
+    try:
+        module = importlib.import_module(f"specbench.kernels.{name}")
+    except ImportError as e:
+        raise ConfigError(key, "triton", f"needs the triton package ({e}); pip install triton (Linux)") from None
+    if device.type != "cuda" and not module.INTERPRETED:
+        raise ConfigError(
+            key, "triton",
+            f"tensors on {device.type}: the kernels compile for CUDA; on CPU set TRITON_INTERPRET=1 "
+            "before triton is imported (Triton's interpreter)",
+        )
+    return module

@@ -132,13 +132,15 @@ def expected_tokens_from_positions(accept_pos):
     return float(1 + reach.sum())
 
 
-def predicted_speedup(tau, k, c, r=1.0):
-    """speedup = tau / (k c + r): tau tokens per round against a round costing k draft steps of
-    c target decode steps each plus one verify forward of r decode steps. Broadcasts; a float
-    for scalar inputs. e.g. tau 1.75, k 2, c 0.1, r 1 -> 1.75 / 1.2 = 1.4583."""
-    tau, k, c, r = (np.asarray(x, dtype=float) for x in (tau, k, c, r))
+def predicted_speedup(tau, k, c, r=1.0, p=0.0):
+    """speedup = (tau + p) / (k c + r + p): tau tokens per round against a round costing k draft
+    steps of c target decode steps each plus one verify forward of r decode steps; p is the
+    other requests' prefills per round (in decode steps), which stall every round of a batch
+    and so weigh on both sides (0 at batch 1). Broadcasts; a float for scalar inputs.
+    e.g. tau 1.75, k 2, c 0.1, r 1 -> 1.75 / 1.2 = 1.4583; with p 1 -> 2.75 / 2.2 = 1.25."""
+    tau, k, c, r, p = (np.asarray(x, dtype=float) for x in (tau, k, c, r, p))
     with np.errstate(divide="ignore", invalid="ignore"):
-        return _scalar(tau / (k * c + r))
+        return _scalar((tau + p) / (k * c + r + p))
 
 
 def verify_positions(frame: pd.DataFrame) -> pd.Series:
@@ -183,7 +185,13 @@ def cost_model(df: pd.DataFrame, verify_curve=None) -> pd.DataFrame:
         c_measured        = draft_ms / (k * baseline_tpot_ms)    draft step / target decode step
         r_measured        = verify_ms / baseline_tpot_ms         verify forward / decode step
         o_measured        = other_ms / baseline_tpot_ms          rules and bookkeeping / decode step
-        predicted_speedup = tokens_per_round / (k * c_measured + r + o_measured)
+        p_measured        = prefill_ms / baseline_tpot_ms        prefills per round / decode step
+        predicted_speedup = (tau + p) / (k * c_measured + r + o_measured + p)
+
+with tau = tokens_per_round. p is the prefill term of continuous batching: a request's TPOT
+holds the prefills of the requests admitted while it decodes, the same total time in the
+baseline as with speculation but spread over tau times as many rounds there, so it adds p per
+round to both sides. At batch 1 a TPOT holds no prefill and p = 0.
 
     with r = r_measured, or, where `verify_curve` is given (see verify_ratio: q -> t(q)/t(1)
     from a separate verify-cost benchmark, optionally per batch_size), r = the curve at
@@ -200,12 +208,16 @@ def cost_model(df: pd.DataFrame, verify_curve=None) -> pd.DataFrame:
     out["c_measured"] = _numeric(out, "draft_ms") / (k * t1)
     out["r_measured"] = (_numeric(out, "verify_ms") / t1).where(k.notna())
     out["o_measured"] = (_numeric(out, "other_ms").fillna(0.0) / t1).where(k.notna())  # 0 for rows before it
+    batched = _numeric(out, "batch_size").fillna(1.0) > 1
+    prefill = _numeric(out, "prefill_ms").fillna(0.0).where(batched, 0.0)
+    out["p_measured"] = (prefill / t1).where(k.notna())
     r = out["r_measured"]
     if verify_curve is not None:
         batch = _numeric(out, "batch_size") if "batch_size" in out.columns else None
         out["r_curve"] = verify_ratio(verify_curve, verify_positions(out).where(k.notna()), batch)
         r = out["r_curve"]
-    out["predicted_speedup"] = predicted_speedup(_numeric(out, "tokens_per_round"), k, out["c_measured"], r + out["o_measured"])
+    out["predicted_speedup"] = predicted_speedup(_numeric(out, "tokens_per_round"), k, out["c_measured"],
+                                                 r + out["o_measured"], out["p_measured"])
     return out
 
 

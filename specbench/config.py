@@ -7,6 +7,7 @@ work. Checks that need more than one field live in `validate`.
 
 from __future__ import annotations
 
+import importlib.util
 import math
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -37,18 +38,28 @@ class TargetConfig:
 @dataclass
 class EngineConfig:
     """How the target runs (specbench.engines): `hf` the transformers model as it is (one
-    request at a time, the reference), `native` the compact static-cache implementation."""
+    request at a time, the reference), `native` the compact static-cache implementation;
+    `vllm` and `sglang` hand the whole run to that serving engine (engines/translate.py)."""
 
-    name: str = "native"  # hf | native
+    name: str = "native"  # hf | native | vllm | sglang
     cuda_graphs: bool = True  # native on CUDA: replay each forward shape from a CUDA graph
     compile: bool = False  # native: torch.compile one decoder layer (fused elementwise kernels)
     # torch.compile's mode with compile; "max-autotune-no-cudagraphs" tunes Triton matmuls per
     # shape (slower to start; the fastest batch-1 decode measured, results/2026-12-03-h200-runner)
     compile_mode: Optional[str] = None
     compile_scope: str = "layer"  # layer: one decoder layer's graph serves all; model: the whole forward
+    # native on CUDA: one-row projections through specbench.kernels.gemv, with the norms, the MLP
+    # activation and the residual adds folded in (needs triton)
+    kernels: bool = False
+    # vllm / sglang: GPUs the target is sharded over (vLLM tensor_parallel_size, SGLang tp_size),
+    # for targets too big for one GPU; native and hf run on one device.
+    tensor_parallel_size: int = 1
+    # vllm / sglang: more engine arguments, passed as they are (gpu_memory_utilization, ...).
+    args: dict = field(default_factory=dict)
 
 
-ENGINES = ("hf", "native")
+ENGINES = ("hf", "native", "sglang", "vllm")
+SERVING_ENGINES = ("sglang", "vllm")  # run the prompts themselves (specbench.engines.serving)
 
 
 @dataclass
@@ -71,6 +82,7 @@ class NgramConfig(DrafterConfig):
     # vLLM's prompt_lookup_min / prompt_lookup_max: suffix lengths tried, longest first.
     min_n: int = 2
     max_n: int = 5
+    impl: str = "torch"  # torch | triton: the lookup in torch or in a Triton kernel (specbench.kernels)
 
 
 @dataclass
@@ -143,6 +155,9 @@ class TreeConfig:
 @dataclass
 class RuleConfig:
     name: str = MISSING
+    # torch | triton: verification in torch (specbench.rules) or in one Triton kernel per round
+    # (specbench.kernels); trees take target_only / thresholded there (SGLang's kernel).
+    impl: str = "torch"
 
 
 @dataclass
@@ -217,6 +232,7 @@ class SpecBenchConfig:
 
 
 RULES = ("standard", "onehot", "target_only", "thresholded")
+IMPLS = ("torch", "triton")  # rule.impl, drafter.impl
 
 
 def register() -> None:
@@ -268,6 +284,12 @@ def validate(cfg: DictConfig | SpecBenchConfig) -> None:
         raise ConfigError("engine", cfg.engine.name, f"valid engines: {', '.join(ENGINES)}")
     if cfg.engine.get("compile_scope", "layer") not in ("layer", "model"):
         raise ConfigError("engine.compile_scope", cfg.engine.compile_scope, "valid scopes: layer, model")
+    if cfg.engine.get("tensor_parallel_size", 1) < 1:
+        raise ConfigError("engine.tensor_parallel_size", cfg.engine.tensor_parallel_size, "must be >= 1")
+    if cfg.engine.name not in SERVING_ENGINES and cfg.engine.get("tensor_parallel_size", 1) > 1:
+        raise ConfigError("engine.tensor_parallel_size", cfg.engine.tensor_parallel_size, "only engine=vllm or sglang shards the target")
+    if cfg.engine.name in SERVING_ENGINES and cfg.distcheck:
+        raise ConfigError("distcheck", True, f"samples specbench's own loop; not with engine={cfg.engine.name}")
     if cfg.engine.name == "hf" and cfg.batch_size > 1:
         raise ConfigError("batch_size", cfg.batch_size, "engine=hf runs one request at a time; use engine=native")
     if cfg.dataset.num_prompts == 0 or cfg.dataset.num_prompts < -1:
@@ -276,9 +298,23 @@ def validate(cfg: DictConfig | SpecBenchConfig) -> None:
         value = cfg.rule.get(key) if cfg.rule is not None else None
         if value is not None and not 0 < value <= 1:
             raise ConfigError(f"rule.{key}", value, "must be in (0, 1]")
+    for key, node in (("rule.impl", cfg.rule), ("drafter.impl", cfg.drafter)):
+        if node is not None and node.get("impl") is not None:
+            _validate_impl(cfg, key, node.impl)
     if cfg.get("tree") is not None:
         _validate_tree(cfg)
     # A drafter's own parameters are checked by its constructor (built before any model work).
+
+
+def _validate_impl(cfg, key: str, impl: str) -> None:
+    if impl not in IMPLS:
+        raise ConfigError(key, impl, f"valid impls: {', '.join(IMPLS)}")
+    if impl == "triton" and importlib.util.find_spec("triton") is None:
+        raise ConfigError(key, impl, "needs the triton package (pip install triton, Linux)")
+    tree = cfg.get("tree")
+    tree_sampled = tree is not None and tree.topk > 1 and cfg.temperature > 0
+    if impl == "triton" and key == "rule.impl" and tree_sampled and cfg.rule.name in ("standard", "onehot"):
+        raise ConfigError(key, impl, f"the tree kernel is SGLang's target-only walk: use rule target_only or thresholded, not {cfg.rule.name}")
 
 
 CHAIN_DRAFTERS = ("ngram", "synthetic")  # propose chains only

@@ -32,6 +32,7 @@ from typing import Optional
 
 import torch
 
+from specbench.config import IMPLS
 from specbench.sampling import sample
 
 RULES = ("standard", "onehot", "target_only", "thresholded", "greedy")
@@ -148,6 +149,7 @@ def verify_tree(
     generator: Optional[torch.Generator] = None,
     threshold_single: float = 1.0,
     threshold_acc: float = 1.0,
+    impl: str = "torch",
 ) -> TreeResult:
     """Walk one request's draft tree from the root, a level at a time.
 
@@ -155,7 +157,12 @@ def verify_tree(
     [N] (node 0 the root); tree: specbench.tree.TreeBuffers. At each node its children are
     tried in order by `verify_siblings`; an accepted child becomes the next node, a refusal
     emits the recovered token and ends the round, and a leaf emits a bonus token from p there.
+    impl="triton": the same walk in one kernel (specbench.kernels.tree; target_only,
+    thresholded and greedy), on coins and noise drawn from `generator`.
     """
+    _check_impl(impl)
+    if impl == "triton":
+        return _verify_tree_kernel(rule, target_probs, node_tokens, tree, generator, threshold_single, threshold_acc)
     path, emitted = [0], []
     while True:
         node = path[-1]
@@ -190,6 +197,7 @@ def verify_chain(
     generator: Optional[torch.Generator] = None,
     threshold_single: float = 1.0,
     threshold_acc: float = 1.0,
+    impl: str = "torch",
 ) -> VerifyResult:
     """Verify a chain of k drafts per request against the target in one call.
 
@@ -197,7 +205,10 @@ def verify_chain(
     draft_tokens: [B, k]       int64, -1 where a request proposed fewer than k
     draft_probs:  [B, k, V]    q, needed by `standard` only
     threshold_single, threshold_acc: used by `thresholded` only (SGLang's defaults, 1.0)
+    impl: torch (below) or triton (specbench.kernels.chain: one kernel, the ratio test in log
+          space and a Gumbel-max draw, on coins and noise drawn from `generator`)
     """
+    _check_impl(impl)
     B, k1, V = target_probs.shape
     k = k1 - 1
     if rule not in RULES:
@@ -214,6 +225,8 @@ def verify_chain(
             raise ValueError(f"draft_probs has shape {tuple(draft_probs.shape)}, expected {(B, k, V)}")
     if rule != "thresholded" and (threshold_single, threshold_acc) != (1.0, 1.0):
         raise ValueError(f"rule={rule} takes no thresholds; use rule thresholded")
+    if impl == "triton":
+        return _verify_chain_kernel(rule, target_probs, draft_tokens, draft_probs, generator, threshold_single, threshold_acc)
 
     rows = torch.arange(B, device=target_probs.device)
     valid = draft_tokens >= 0  # [B, k]
@@ -257,3 +270,52 @@ def verify_chain(
     tokens = torch.where(positions < num_accepted.unsqueeze(-1), tokens, -1)
     tokens[rows, num_accepted] = last
     return VerifyResult(tokens=tokens, num_accepted=num_accepted)
+
+
+# --- impl="triton": the same rules in specbench.kernels ------------------------------------
+
+
+def _check_impl(impl: str) -> None:
+    if impl not in IMPLS:
+        raise ValueError(f"impl={impl}: valid impls: {', '.join(IMPLS)}")
+
+
+def _verify_chain_kernel(rule, target_probs, draft_tokens, draft_probs, generator, threshold_single, threshold_acc) -> VerifyResult:
+    """One kernel per round; the coins [B, k] and the noise [B, V] come from `generator`."""
+    from specbench.kernels import load
+
+    chain = load("chain", target_probs.device, "rule.impl")
+    B, k1, V = target_probs.shape
+    uniforms = noise = None
+    if rule != "greedy":
+        uniforms, noise = chain.draw_noise(B, k1 - 1, V, generator, target_probs.device)
+    tokens, num = chain.chain_triton(
+        rule, target_probs.float(), draft_tokens, None if draft_probs is None else draft_probs.float(), uniforms, noise,
+        threshold_single=threshold_single, threshold_acc=threshold_acc,
+    )
+    return VerifyResult(tokens=tokens, num_accepted=num)
+
+
+def _verify_tree_kernel(rule, target_probs, node_tokens, tree, generator, threshold_single, threshold_acc) -> TreeResult:
+    """One request's tree as a batch of one: coins [1, D] (D levels) and noise [1, V]."""
+    from specbench.kernels import load
+
+    kernel = load("tree", target_probs.device, "rule.impl")
+    if rule not in kernel.RULES:
+        raise ValueError(f"rule={rule}: impl=triton verifies trees with {', '.join(kernel.RULES)} (SGLang's target-only walk)")
+    if rule != "thresholded" and (threshold_single, threshold_acc) != (1.0, 1.0):
+        raise ValueError(f"rule={rule} takes no thresholds; use rule thresholded")
+    N, V = target_probs.shape
+    D = int(tree.depth.max())
+    device = target_probs.device
+    links = [t.to(device)[None] for t in (node_tokens, tree.next_token, tree.next_sibling)]  # 3 x [1, N]
+    if rule == "greedy":
+        uniforms, noise = torch.zeros((1, D), device=device), None
+    else:
+        uniforms, noise = kernel.draw_noise(1, D, V, generator, device)
+    out = kernel.tree_triton(
+        rule, target_probs[None].float(), *links, uniforms, noise, threshold_single=threshold_single,
+        threshold_acc=threshold_acc, max_children=int(torch.bincount(tree.parents[1:], minlength=1).max()) if N > 1 else 0,
+    )
+    a = int(out.num_accepted[0])
+    return TreeResult(path=out.path[0, : a + 1].tolist(), tokens=out.tokens[0, : a + 1].tolist(), tried=int(out.tried[0]))

@@ -16,7 +16,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from specbench import loggers, provenance
-from specbench.config import ConfigError, to_container, validate
+from specbench.config import SERVING_ENGINES, ConfigError, to_container, validate
 from specbench.datasets import encode_prompts, load_prompts
 from specbench.drafters.draft_model import DraftModelDrafter
 from specbench.drafters.eagle import EagleDrafter
@@ -130,7 +130,7 @@ def build_engine(cfg: DictConfig, model, inputs: list, feature_layers: tuple):
     return NativeEngine(
         native, cfg.batch_size, longest + cfg.max_new_tokens + q + 1, feature_layers=feature_layers,
         cuda_graphs=cfg.engine.cuda_graphs, compile=cfg.engine.compile, compile_mode=cfg.engine.compile_mode,
-        compile_scope=cfg.engine.compile_scope,
+        compile_scope=cfg.engine.compile_scope, kernels=cfg.engine.kernels,
     )
 
 
@@ -185,6 +185,10 @@ def run(cfg: DictConfig, row: dict) -> tuple[list, list]:
     started = time.perf_counter()
     _release_memory()  # what an earlier job of the sweep left must not count in this one's peak
     validate(cfg)
+    if cfg.engine.name in SERVING_ENGINES:  # vLLM / SGLang decode the prompts themselves
+        from specbench.engines.serving import run_on_engine
+
+        return run_on_engine(cfg, row)
     check_path(cfg.target)
     prompts = load_prompts(cfg.dataset)
     params = SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p)

@@ -1,7 +1,16 @@
+import os
 from pathlib import Path
 
 import pytest
 import torch
+
+# Without a GPU, Triton kernels (specbench.kernels) run only in Triton's interpreter, which
+# TRITON_INTERPRET=1 selects when triton is first imported (its own tl.* helpers are jit
+# functions too), so it is set here, before anything imports triton (transformers' models do).
+# It changes nothing else on such a machine; with CUDA it stays unset and the kernels compile.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from specbench.drafters.base import DraftProposal, DraftState

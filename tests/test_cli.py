@@ -67,7 +67,7 @@ def test_misspelt_keys_fail_at_compose_time():
         (["top_p=1.2"], "top_p=1.2: must be in (0, 1]"),
         (["temperature=-1"], "temperature=-1.0"),
         (["+drafter=ngram", "engine=hf", "batch_size=4"], "batch_size=4: engine=hf runs one request at a time"),
-        (["engine.name=vllm"], "engine=vllm: valid engines: hf, native"),
+        (["engine.name=tensorrt"], "engine=tensorrt: valid engines: hf, native, sglang, vllm"),
         (["engine.compile_scope=graph"], "engine.compile_scope=graph: valid scopes: layer, model"),
         (["target.path=/no/such/model"], "target.path=/no/such/model: no such file or directory"),
         (["target.path=./missing.gguf"], "target.path=./missing.gguf: no such file"),

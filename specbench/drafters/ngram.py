@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import torch
 
-from specbench.config import ConfigError, NgramConfig
+from specbench.config import IMPLS, ConfigError, NgramConfig
 from specbench.drafters.base import DraftProposal, DraftState
+from specbench.kernels import load
 
 
 def ngram_propose_batch(
@@ -78,15 +79,18 @@ class NgramDrafter:
 
     name = "ngram"
 
-    def __init__(self, min_n: int, max_n: int):
+    def __init__(self, min_n: int, max_n: int, impl: str = "torch"):
         if not 1 <= min_n <= max_n:
             raise ConfigError("drafter.min_n", min_n, f"need 1 <= min_n <= max_n (max_n={max_n})")
+        if impl not in IMPLS:
+            raise ConfigError("drafter.impl", impl, f"valid impls: {', '.join(IMPLS)}")
         self.min_n = min_n
         self.max_n = max_n
+        self.impl = impl  # triton: specbench.kernels.ngram, on the GPU when there is one
 
     @classmethod
     def from_config(cls, cfg: NgramConfig) -> NgramDrafter:
-        return cls(min_n=cfg.min_n, max_n=cfg.max_n)
+        return cls(min_n=cfg.min_n, max_n=cfg.max_n, impl=getattr(cfg, "impl", "torch"))
 
     def propose(self, state: DraftState) -> DraftProposal:
         # state.tokens: B x [T_b]; padded into one [B, T] batch (pad value never read).
@@ -94,5 +98,10 @@ class NgramDrafter:
         tokens = torch.nn.utils.rnn.pad_sequence(
             [t.to(torch.int64) for t in state.tokens], batch_first=True, padding_value=0
         )  # [B, T]
-        drafts, num = ngram_propose_batch(tokens, lengths.to(tokens.device), self.min_n, self.max_n, state.k)
+        propose = ngram_propose_batch
+        if self.impl == "triton":
+            device = torch.device("cuda") if torch.cuda.is_available() else tokens.device
+            propose = load("ngram", device, "drafter.impl").ngram_triton
+            tokens = tokens.to(device)
+        drafts, num = propose(tokens, lengths.to(tokens.device), self.min_n, self.max_n, state.k)
         return DraftProposal(tokens=drafts, num_tokens=num, probs=None)
