@@ -57,7 +57,7 @@ if triton is not None:
                 for bn in (4, 8, 16) for bk in (256, 512) for w in (4, 8)]
 
     @triton.jit
-    def _rstd(x_ptr, K, eps, BLOCK_K: tl.constexpr):
+    def _rstd(x_ptr, K: tl.constexpr, eps, BLOCK_K: tl.constexpr):
         rk = tl.arange(0, BLOCK_K)
         ss = tl.zeros((BLOCK_K,), dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
@@ -67,10 +67,11 @@ if triton is not None:
 
     @triton.autotune(configs=_CONFIGS, key=["N", "K", "NORM", "GLU", "RESIDUAL"])
     @triton.jit
-    def _vector_kernel(x_ptr, w_ptr, y_ptr, g_ptr, r_ptr, N, K, eps,
+    def _vector_kernel(x_ptr, w_ptr, y_ptr, g_ptr, r_ptr, N, K: tl.constexpr, eps,
                        NORM: tl.constexpr, GLU: tl.constexpr, RESIDUAL: tl.constexpr,
                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-        # x: [K], w: [N, K] (GLU: [2N, K]), y, r: [N], g: [K]; K % BLOCK_K == 0 (the caller checks)
+        # x: [K], w: [N, K] (GLU: [2N, K]), y, r: [N], g: [K]; K % BLOCK_K == 0 (the caller checks).
+        # K is a compile-time constant: a few widths per model, and loops the compiler can unroll.
         pid = tl.program_id(0)
         rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]
         rk = tl.arange(0, BLOCK_K)  # [BLOCK_K]
@@ -103,7 +104,7 @@ if triton is not None:
     @triton.autotune(configs=[triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=3)
                               for bn in (16, 32, 64) for bk in (128, 256) for w in (4, 8)], key=["M", "N", "K"])
     @triton.jit
-    def _rows_kernel(x_ptr, w_ptr, y_ptr, M, N, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    def _rows_kernel(x_ptr, w_ptr, y_ptr, M, N, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
         # x: [M <= 16, K], w: [N, K], y: [M, N]: the rows padded to 16 for one tensor-core product
         pid = tl.program_id(0)
         rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]

@@ -205,7 +205,8 @@ def run(cfg: DictConfig, row: dict) -> tuple[list, list]:
     device = provenance.device_name(engine.device)
     eos = eos_ids(tokenizer, model)
     topk, num_draft_tokens = tree_shape(cfg)
-    spec = Speculation(drafter, rule, cfg.k, rule_params, topk, num_draft_tokens) if drafter is not None else None
+    impl = cfg.rule.impl if cfg.rule is not None else "torch"
+    spec = Speculation(drafter, rule, cfg.k, rule_params, topk, num_draft_tokens, impl) if drafter is not None else None
     kw = dict(cfg=cfg, params=params, eos=eos)
 
     # Warm-up, excluded from every number: first-call allocations, kernel selection, compilation

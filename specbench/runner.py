@@ -35,6 +35,7 @@ class Speculation:
     rule_params: dict = field(default_factory=dict)  # threshold_single / threshold_acc
     topk: int = 1  # tree shape (specbench.tree); topk = 1 and no num_draft_tokens is a chain
     num_draft_tokens: Optional[int] = None
+    impl: str = "torch"  # rule.impl: the rules in torch, or the Triton kernels of specbench.kernels
 
 
 def _synchronize(device: torch.device) -> None:
@@ -236,7 +237,7 @@ def _verify_chain(spec, rule, probs, proposal, num, generator) -> list[Round]:
         # A deterministic drafter's q is exactly the point mass on its token.
         draft_probs = F.one_hot(drafts.clamp(min=0), probs.shape[-1]).to(probs.dtype)
     result = verify_chain(
-        rule, probs, drafts, draft_probs, generator=generator,
+        rule, probs, drafts, draft_probs, generator=generator, impl=spec.impl,
         **(spec.rule_params if rule == "thresholded" else {}),
     )
     tokens, accepted = result.tokens.tolist(), result.num_accepted.tolist()
@@ -247,7 +248,7 @@ def _verify_tree(spec, rule, probs, step, tree, generator) -> Round:
     """One request: probs [q, V] under its tree mask; step [q] the root then the draft nodes."""
     m = tree.parents.shape[0]
     result = verify_tree(
-        rule, probs[:m], step[:m].to(probs.device), tree, generator=generator,
+        rule, probs[:m], step[:m].to(probs.device), tree, generator=generator, impl=spec.impl,
         **(spec.rule_params if rule == "thresholded" else {}),
     )
     return Round(result.tokens, m - 1, result.num_accepted, result.tried, result.path)

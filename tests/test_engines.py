@@ -228,3 +228,14 @@ def test_compiled_forward_matches_the_eager_one(tiny_model, scope):
 def test_unknown_compile_scope_is_refused(tiny_model):
     with pytest.raises(ValueError, match="compile_scope=graph"):
         NativeEngine(Transformer.from_hf(tiny_model), 1, 16, compile=True, compile_scope="graph")
+
+
+def test_triton_rules_in_the_batched_runner(tiny_model, reference):
+    """rule.impl=triton (on CPU through Triton's interpreter): the chain and tree kernels verify
+    in the runner, and greedy decoding still gives the reference tokens, request by request."""
+    pytest.importorskip("triton", reason="the dev extra installs triton on Linux")
+    engine = lambda: make_engine("native", tiny_model, rows=3)  # noqa: E731
+    chain = Speculation(OracleDrafter(PROMPTS, reference, noise=0.3), "onehot", 4, impl="triton")
+    assert greedy(engine(), chain) == reference
+    tree = Speculation(NgramTrieDrafter(), "target_only", 3, topk=2, num_draft_tokens=6, impl="triton")
+    assert greedy(engine(), tree) == reference

@@ -1,0 +1,83 @@
+"""specbench.kernels.gemv: the decode projections against their torch composition.
+
+On CPU the kernels run through Triton's interpreter (tests/conftest.py sets TRITON_INTERPRET=1
+without CUDA) at fixed tile sizes, since the autotuner needs a GPU; on CUDA through `project`.
+fp32 on CPU: only the order of the sums differs, so the tolerance is relative 1e-5.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton", reason="the dev extra installs triton on Linux")
+from specbench.kernels import gemv  # noqa: E402
+
+CUDA = torch.cuda.is_available()
+FOLDS = {"plain": {}, "norm": {"norm": True}, "glu": {"norm": True, "glu": True}, "residual": {"residual": True}}
+
+
+def _case(fold: str, M: int, K: int = 512, N: int = 40, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    rows = 2 * N if FOLDS[fold].get("glu") else N
+    x, w = torch.randn(M, K, generator=g), torch.randn(rows, K, generator=g) / K**0.5
+    kw = {}
+    if FOLDS[fold].get("norm"):
+        kw["norm"] = 1 + 0.1 * torch.randn(K, generator=g)
+    if FOLDS[fold].get("glu"):
+        kw["glu"] = True
+    if FOLDS[fold].get("residual"):
+        kw["residual"] = torch.randn(M, N, generator=g)
+    return x, w, kw
+
+
+def _launch(x, w, kw):
+    """The kernels at fixed tiles (the interpreter has no autotuner); y as project() returns it."""
+    M, K = x.shape
+    N = w.shape[0] // 2 if kw.get("glu") else w.shape[0]
+    y = torch.empty(M, N)
+    if M == 1:
+        r = kw["residual"].reshape(N) if "residual" in kw else y
+        gemv._vector_kernel.fn[(triton.cdiv(N, 8),)](
+            x, w, y, kw.get("norm", x), r, N, K, 1e-5, NORM="norm" in kw, GLU=bool(kw.get("glu")),
+            RESIDUAL="residual" in kw, BLOCK_N=8, BLOCK_K=256)
+    else:
+        gemv._rows_kernel.fn[(triton.cdiv(N, 16),)](x, w, y, M, N, K, BLOCK_N=16, BLOCK_K=128)
+    return y
+
+
+@pytest.mark.parametrize("fold", list(FOLDS))
+def test_one_row_kernel_matches_the_torch_composition(fold):
+    x, w, kw = _case(fold, M=1)
+    expected = gemv.reference(x, w, eps=1e-5, **kw)
+    torch.testing.assert_close(_launch(x, w, kw), expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
+
+
+@pytest.mark.parametrize("M", [2, 9, 16])
+def test_few_rows_kernel_matches_f_linear(M):
+    x, w, _ = _case("plain", M=M)
+    expected = gemv.reference(x, w)
+    # tl.dot may use TF32 on a GPU; the interpreter multiplies in fp32
+    torch.testing.assert_close(_launch(x, w, {}), expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
+
+
+def test_project_falls_back_outside_the_kernels_domain():
+    """CPU tensors, a bias, 17 rows, or folds on several rows: the torch composition itself."""
+    x, w, kw = _case("glu", M=3)
+    assert torch.equal(gemv.project(x, w, eps=1e-5, **kw), gemv.reference(x, w, eps=1e-5, **kw))
+    assert not gemv.supported(torch.randn(17, 512), torch.randn(8, 512))
+    assert not gemv.supported(torch.randn(1, 500), torch.randn(8, 500))
+
+
+@pytest.mark.skipif(not CUDA, reason="the autotuned launch needs a GPU; the kernels run above through the interpreter")
+@pytest.mark.parametrize("fold", list(FOLDS))
+@pytest.mark.parametrize("M", [1, 9])
+def test_project_on_cuda_in_bf16(fold, M):
+    if M > 1 and fold != "plain":
+        pytest.skip("folds apply to one row only")
+    x, w, kw = _case(fold, M=M, K=4096, N=1000)
+    x, w = x.cuda().bfloat16(), w.cuda().bfloat16()
+    kw = {k: (v.cuda().bfloat16() if torch.is_tensor(v) else v) for k, v in kw.items()}
+    expected = gemv.project(x, w, eps=1e-5, kernel=False, **kw).float()
+    got = gemv.project(x, w, eps=1e-5, **kw).float()
+    assert (got - expected).abs().max() <= 0.02 * expected.abs().max()
