@@ -46,7 +46,7 @@ VARIANTS = {
 }
 
 
-def gemv_table(shape: dict, device, dtype, bandwidth: float) -> list:
+def gemv_table(shape: dict, device, dtype, bandwidth: float, total: int = 1 << 30) -> list:
     D, H, V = shape["hidden_size"], shape["intermediate_size"], shape["vocab_size"]
     hd = D // shape["num_attention_heads"]
     mats = {"wqkv": (D + 2 * shape["num_key_value_heads"] * hd, D), "wo": (D, D), "w13": (2 * H, D),
@@ -54,7 +54,7 @@ def gemv_table(shape: dict, device, dtype, bandwidth: float) -> list:
     rows = []
     for name, (N, K) in mats.items():
         size = N * K * 2
-        copies = max(2, -(-(1 << 30) // size))  # over 1 GiB in all: far more than L2
+        copies = max(2, -(-total // size))  # over 1 GiB in all on a GPU: far more than L2
         ws = [torch.randn(N, K, device=device, dtype=dtype) for _ in range(copies)]
         for M in (1, 9, 16):
             x = torch.randn(M, K, device=device, dtype=dtype)
@@ -176,7 +176,7 @@ def main(argv=None) -> int:
 
     results["copy_bandwidth"] = copy_bandwidth(device, 0.05 if args.tiny else 4.0)
     if not args.no_gemv:
-        results["gemv"] = gemv_table(shape, device, dtype, results["copy_bandwidth"])
+        results["gemv"] = gemv_table(shape, device, dtype, results["copy_bandwidth"], 1 << (20 if args.tiny else 30))
         save()
     model = build_hf(shape, device, dtype)
     results["weight_bytes"] = sum(p.numel() * p.element_size() for p in model.parameters())

@@ -2,7 +2,9 @@
 
 On CPU the kernels run through Triton's interpreter (tests/conftest.py sets TRITON_INTERPRET=1
 without CUDA) at fixed tile sizes, since the autotuner needs a GPU; on CUDA through `project`.
-fp32 on CPU: only the order of the sums differs, so the tolerance is relative 1e-5.
+fp32: only the order of the sums differs, so the tolerance is relative 1e-5 (TF32 products on a
+GPU: 5e-3). On an H200 (2026-12-03) the bf16 `project` tests passed; the fixed-tile tests then
+launched CPU tensors and failed, and now follow the device (not yet re-run on a GPU).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ triton = pytest.importorskip("triton", reason="the dev extra installs triton on 
 from specbench.kernels import gemv  # noqa: E402
 
 CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"  # on CPU the interpreter; on a GPU the compiled kernels
 FOLDS = {"plain": {}, "norm": {"norm": True}, "glu": {"norm": True, "glu": True}, "residual": {"residual": True}}
 
 
@@ -28,14 +31,14 @@ def _case(fold: str, M: int, K: int = 512, N: int = 40, seed: int = 0):
         kw["glu"] = True
     if FOLDS[fold].get("residual"):
         kw["residual"] = torch.randn(M, N, generator=g)
-    return x, w, kw
+    return x.to(DEVICE), w.to(DEVICE), {k: v.to(DEVICE) if torch.is_tensor(v) else v for k, v in kw.items()}
 
 
 def _launch(x, w, kw):
     """The kernels at fixed tiles (the interpreter has no autotuner); y as project() returns it."""
     M, K = x.shape
     N = w.shape[0] // 2 if kw.get("glu") else w.shape[0]
-    y = torch.empty(M, N)
+    y = torch.empty(M, N, device=x.device)
     if M == 1:
         r = kw["residual"].reshape(N) if "residual" in kw else y
         gemv._vector_kernel.fn[(triton.cdiv(N, 8),)](
@@ -57,13 +60,14 @@ def test_one_row_kernel_matches_the_torch_composition(fold):
 def test_few_rows_kernel_matches_f_linear(M):
     x, w, _ = _case("plain", M=M)
     expected = gemv.reference(x, w)
-    # tl.dot may use TF32 on a GPU; the interpreter multiplies in fp32
-    torch.testing.assert_close(_launch(x, w, {}), expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
+    # tl.dot multiplies fp32 in TF32 on a GPU (10-bit mantissa); the interpreter in fp32
+    tol = 5e-3 if CUDA else 1e-5
+    torch.testing.assert_close(_launch(x, w, {}), expected, rtol=tol, atol=tol * expected.abs().max().item())
 
 
 def test_project_falls_back_outside_the_kernels_domain():
     """CPU tensors, a bias, 17 rows, or folds on several rows: the torch composition itself."""
-    x, w, kw = _case("glu", M=3)
+    x, w, kw = _case("glu", M=3)  # folds on 3 rows
     assert torch.equal(gemv.project(x, w, eps=1e-5, **kw), gemv.reference(x, w, eps=1e-5, **kw))
     assert not gemv.supported(torch.randn(17, 512), torch.randn(8, 512))
     assert not gemv.supported(torch.randn(1, 500), torch.randn(8, 500))
@@ -81,3 +85,24 @@ def test_project_on_cuda_in_bf16(fold, M):
     expected = gemv.project(x, w, eps=1e-5, kernel=False, **kw).float()
     got = gemv.project(x, w, eps=1e-5, **kw).float()
     assert (got - expected).abs().max() <= 0.02 * expected.abs().max()
+
+
+def test_decode_profile_and_attention_crossover_run_tiny(tmp_path):
+    """experiments/decode_profile.py and engine_bench.py --parts fused on a 2-layer model (CPU
+    is fine): every code path runs and the JSON holds each variant's step time."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    run = lambda *a: subprocess.run([sys.executable, *map(str, a)], capture_output=True, text=True, timeout=600)  # noqa: E731
+    out = run(root / "experiments" / "decode_profile.py", tmp_path, "--tiny", "--variants", "eager,eager_kernels")
+    assert out.returncode == 0, out.stderr[-2000:]
+    profile = json.loads((tmp_path / "decode_profile.json").read_text())
+    assert profile["eager"]["ms"] > 0 and profile["eager_kernels"]["max_abs_logit_diff"] < 1e-4
+    assert {r["name"] for r in profile["gemv"]} == {"wqkv", "wo", "w13", "w2", "output"}
+    out = run(root / "experiments" / "engine_bench.py", tmp_path, "--tiny", "--parts", "fused")
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = json.loads((tmp_path / "engine_bench.json").read_text())["attention_crossover"]
+    assert [r["rows"] for r in rows] == [1, 4] and all(r["matmul_ms"] > 0 and r["fused_ms"] > 0 for r in rows)
