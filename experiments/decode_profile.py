@@ -41,6 +41,7 @@ VARIANTS = {
     "layer_kernels": (True, None, "layer", True, False),
     "layer_cdt": (True, None, "layer", False, True),
     "layer_autotune": (True, "max-autotune-no-cudagraphs", "layer", False, False),
+    "layer_autotune_kernels": (True, "max-autotune-no-cudagraphs", "layer", True, False),
     "model": (True, None, "model", False, False),
     "model_kernels": (True, None, "model", True, False),
 }
