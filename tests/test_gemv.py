@@ -88,15 +88,19 @@ def test_project_on_cuda_in_bf16(fold, M):
 
 
 def test_decode_profile_and_attention_crossover_run_tiny(tmp_path):
-    """experiments/decode_profile.py and engine_bench.py --parts fused on a 2-layer model (CPU
-    is fine): every code path runs and the JSON holds each variant's step time."""
+    """experiments/decode_profile.py and engine_bench.py --parts fused on a 2-layer model, on the
+    CPU in fp32 even where there is a GPU (bf16 there would move the logits past 1e-4): every
+    code path runs and the JSON holds each variant's step time."""
     import json
+    import os
     import subprocess
     import sys
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    run = lambda *a: subprocess.run([sys.executable, *map(str, a)], capture_output=True, text=True, timeout=600)  # noqa: E731
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "TRITON_INTERPRET": "1"}
+    run = lambda *a: subprocess.run([sys.executable, *map(str, a)], capture_output=True, text=True,  # noqa: E731
+                                    timeout=600, env=env)
     out = run(root / "experiments" / "decode_profile.py", tmp_path, "--tiny", "--variants", "eager,eager_kernels")
     assert out.returncode == 0, out.stderr[-2000:]
     profile = json.loads((tmp_path / "decode_profile.json").read_text())
