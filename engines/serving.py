@@ -53,6 +53,26 @@ def require(module: str) -> ModuleType:
         raise ConfigError("engine", module, f"cannot import {module} ({why}): pip install 'specbench[{module}]'") from None
 
 
+def prepare(cfg: DictConfig, prompts: list, module: str, version: str, translate, note_level: int):
+    """What both adapters do before their engine starts -> (the engine's package, its spec,
+    the prompts as token ids [T_i]): import it, warn on another version than the translation's,
+    resolve the weights, translate the config, log its notes, tokenize with the target's
+    tokenizer."""
+    from transformers import AutoTokenizer
+
+    from specbench.datasets import encode_prompts
+
+    package = require(module)
+    if getattr(package, "__version__", version) != version:
+        name = {"vllm": "vLLM", "sglang": "SGLang"}.get(module, module)
+        log.warning("%s %s: the translation is written for v%s", name, package.__version__, version)
+    target, draft = weights(cfg)
+    spec = translate(cfg, target_path=target, draft_path=draft)
+    for note in spec.notes:
+        log.log(note_level, "%s: %s", module, note)
+    return package, spec, encode_prompts(prompts, AutoTokenizer.from_pretrained(target))
+
+
 @dataclass(frozen=True)
 class Counts:
     """A run's measured requests as an engine reports them, in specbench's terms."""

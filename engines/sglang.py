@@ -32,7 +32,7 @@ from typing import Optional
 from omegaconf import DictConfig
 
 from specbench.engines.serving import (
-    WARMUP_TOKENS, Counts, EngineRun, device_and_dtype, positions_from_histogram, record, require, row_fields, weights,
+    WARMUP_TOKENS, Counts, EngineRun, device_and_dtype, positions_from_histogram, prepare, record, row_fields,
 )
 from specbench.engines.translate import SGLANG_VERSION, SglangSpec, sglang_spec
 
@@ -84,18 +84,8 @@ def request_record(prompt_id: str, prompt_tokens: int, output: dict):
 
 def run(cfg: DictConfig, prompts: list) -> EngineRun:
     """Every prompt through SGLang -> the row's metric fields and per-request records."""
-    from transformers import AutoTokenizer
-
-    from specbench.datasets import encode_prompts
-
-    sglang = require(MODULE)
-    if getattr(sglang, "__version__", SGLANG_VERSION) != SGLANG_VERSION:
-        log.warning("SGLang %s: the translation is written for v%s", sglang.__version__, SGLANG_VERSION)
-    target, draft = weights(cfg)
-    spec = sglang_spec(cfg, target_path=target, draft_path=draft)
-    for note in spec.notes:
-        log.warning("sglang: %s", note)
-    inputs = [x.tolist() for x in encode_prompts(prompts, AutoTokenizer.from_pretrained(target))]
+    sglang, spec, tokens = prepare(cfg, prompts, MODULE, SGLANG_VERSION, sglang_spec, logging.WARNING)
+    inputs = [x.tolist() for x in tokens]
     engine = sglang.Engine(model_path=spec.model_path, **spec.engine_args)
     try:
         warm = {**spec.sampling, "max_new_tokens": min(WARMUP_TOKENS, cfg.max_new_tokens)}

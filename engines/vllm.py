@@ -32,7 +32,7 @@ from typing import Any, Optional
 
 from omegaconf import DictConfig
 
-from specbench.engines.serving import WARMUP_TOKENS, Counts, EngineRun, device_and_dtype, record, require, row_fields, weights
+from specbench.engines.serving import WARMUP_TOKENS, Counts, EngineRun, device_and_dtype, prepare, record, row_fields
 from specbench.engines.translate import VLLM_VERSION, VllmSpec, vllm_spec
 
 log = logging.getLogger(__name__)
@@ -100,18 +100,7 @@ def request_record(prompt_id: str, output: Any):
 
 def run(cfg: DictConfig, prompts: list) -> EngineRun:
     """Every prompt through vLLM -> the row's metric fields and per-request records."""
-    from transformers import AutoTokenizer
-
-    from specbench.datasets import encode_prompts
-
-    vllm = require(MODULE)
-    if getattr(vllm, "__version__", VLLM_VERSION) != VLLM_VERSION:
-        log.warning("vLLM %s: the translation is written for v%s", vllm.__version__, VLLM_VERSION)
-    target, draft = weights(cfg)
-    spec = vllm_spec(cfg, target_path=target, draft_path=draft)
-    for note in spec.notes:
-        log.info("vllm: %s", note)
-    inputs = encode_prompts(prompts, AutoTokenizer.from_pretrained(target))
+    vllm, spec, inputs = prepare(cfg, prompts, MODULE, VLLM_VERSION, vllm_spec, logging.INFO)
     requests = [{"prompt_token_ids": x.tolist()} for x in inputs]
     llm = vllm.LLM(model=spec.model, speculative_config=spec.speculative_config, disable_log_stats=False, **spec.engine_args)
     try:

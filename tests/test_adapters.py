@@ -328,9 +328,8 @@ class FakeSglang:
         self.Engine = Engine
 
 
-def _engine_run(monkeypatch, tmp_path, checkpoint, adapter, fake, *overrides):
-    monkeypatch.setattr(serving, "require", lambda module: fake)
-    monkeypatch.setattr(adapter, "require", lambda module: fake)
+def _engine_run(monkeypatch, tmp_path, checkpoint, fake, *overrides):
+    monkeypatch.setattr(serving, "require", lambda module: fake)  # prepare() imports the engine through it
     monkeypatch.setattr(run_module, "load_target", lambda *_: pytest.fail("the native path loaded the target"))
     cfg = cfg_of(f"target.path={checkpoint}", "target.name=tiny", f"results_dir={tmp_path}", "dataset.num_prompts=2", *overrides)
     rows = run_module.run_and_record(cfg)
@@ -343,7 +342,7 @@ def _engine_run(monkeypatch, tmp_path, checkpoint, adapter, fake, *overrides):
 def test_the_vllm_adapter_runs_the_prompts_and_fills_the_row(monkeypatch, tmp_path, tiny_checkpoint):
     fixture = json.loads((FIXTURES / "vllm_metrics.json").read_text())
     fake = FakeVllm(fixture)
-    row = _engine_run(monkeypatch, tmp_path, tiny_checkpoint, vllm_adapter, fake, "engine=vllm", "+drafter=ngram", "k=3", "batch_size=1")
+    row = _engine_run(monkeypatch, tmp_path, tiny_checkpoint, fake, "engine=vllm", "+drafter=ngram", "k=3", "batch_size=1")
     (_, init), (_, warm, warm_params), (_, requests, params) = fake.calls
     assert init["model"] == str(tiny_checkpoint) and init["disable_log_stats"] is False and init["max_num_seqs"] == 1
     assert init["speculative_config"] == {"method": "ngram_gpu", "num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 5}
@@ -356,7 +355,7 @@ def test_the_vllm_adapter_runs_the_prompts_and_fills_the_row(monkeypatch, tmp_pa
 def test_the_sglang_adapter_runs_the_prompts_and_fills_the_row(monkeypatch, tmp_path, tiny_checkpoint):
     case = json.loads((FIXTURES / "sglang_outputs.json").read_text())["cases"][0]
     fake = FakeSglang(case["outputs"])
-    row = _engine_run(monkeypatch, tmp_path, tiny_checkpoint, sglang_adapter, fake, "engine=sglang", "+drafter=eagle3", "k=3", "batch_size=2")
+    row = _engine_run(monkeypatch, tmp_path, tiny_checkpoint, fake, "engine=sglang", "+drafter=eagle3", "k=3", "batch_size=2")
     (_, init), (_, warm, _), (_, inputs, sampling), shutdown = fake.calls
     assert init["model_path"] == str(tiny_checkpoint) and init["max_running_requests"] == 2
     assert init["speculative_algorithm"] == "EAGLE3" and init["speculative_draft_model_path"].endswith("checkpoints/smollm2_135m/eagle3")
