@@ -27,6 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specbench.kernels.attention import decode as attention_kernel, mask as attention_mask
+from specbench.kernels.attention import reference as attention_reference, supported as attention_supported
 from specbench.kernels.gemv import project, rms_norm
 
 FAMILIES = ("llama", "mistral", "qwen2")
@@ -72,53 +74,45 @@ class RMSNorm(nn.Module):
         return rms_norm(x, self.weight, self.eps)
 
 
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [B, q, heads, hd]; cos, sin: [B, q, 1, hd] (halves rotated, as in Llama)."""
-    x1, x2 = x.chunk(2, -1)
-    return x * cos + torch.cat([-x2, x1], -1) * sin
-
-
-def attend(xq: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Attention for a few query rows over a long cache: two batched matrix products and a
-    softmax in fp32 (as transformers' eager attention). At decode shapes this spreads the
-    cache over the whole GPU where a fused kernel runs one block per (request, head).
-    xq: [B, Hkv, G*q, hd]; k, v: [B, Hkv, S, hd]; mask: [B, 1, G*q, S] bool -> [B, Hkv, G*q, hd]."""
-    scores = torch.matmul(xq, k.transpose(-1, -2)) * xq.shape[-1] ** -0.5  # [B, Hkv, G*q, S]
-    weights = scores.float().masked_fill(~mask, float("-inf")).softmax(-1).to(v.dtype)
-    return torch.matmul(weights, v)
-
-
-# Decode and verify shapes use `attend` while requests x key/value heads are fewer than this,
+# Decode and verify shapes use `attend` (specbench.kernels.attention) while requests x key/value heads are fewer than this,
 # the fused kernel from there on. Measured on an H200 (Llama-3.1-8B shape, 2026-12-03): at 1 x 8
 # the matmuls were faster (t(1) at context 4096: 6.46 ms against 7.63 ms), at 48 x 8 the fused
 # kernel was (a batch-48 step at context 4096: 19.4 ms against 32.5 ms). About the SM count.
+# With engine.kernels on CUDA both give way to specbench.kernels.attention.decode.
 FUSED_FROM = 128
 
 
 def fused_attend(xq: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """The same with PyTorch's fused attention: for prefills (many query rows)."""
+    """`attend` with PyTorch's fused attention: for prefills (many query rows) and wide batches."""
     return F.scaled_dot_product_attention(xq, k, v, attn_mask=mask)
 
 
-def block(s: Shape, attention, x, cos, sin, mask, k_cache, v_cache, rows, slots,
+# The attention of a layer, from its qkv projection: RoPE, the cache write and attention, with
+# one signature. matmul and sdpa are the torch composition (specbench.kernels.attention.reference)
+# over the mask built once per forward; kernel is its Triton kernel, which reads the lengths and
+# ancestors instead of the mask.
+def matmul_attention(*args, mask):
+    return attention_reference(*args, mask=mask)
+
+
+def sdpa_attention(*args, mask):
+    return attention_reference(*args, mask=mask, attend=fused_attend)
+
+
+def kernel_attention(*args, mask):
+    return attention_kernel(*args)
+
+
+def block(s: Shape, attention, x, cos, sin, mask, k_cache, v_cache, lengths, ancestors,
           attention_norm, wqkv, bqkv, wo, ffn_norm, w13, w2, kernels: bool = False):
     """One decoder layer as a function of its weights, so that one compiled function serves
-    every layer. x: [B, q, D]; mask: [B, 1, G*q, S] bool; k_cache, v_cache: [B, Hkv, S, hd];
-    rows: [B, 1], slots: [B, q] where the new entries go; attention: attend or fused_attend.
+    every layer. x: [B, q, D]; cos, sin: [B, q, 1, hd]; mask: [B, 1, G*q, S] bool (None for
+    kernel_attention); k_cache, v_cache: [B, Hkv, S, hd]; lengths [B], ancestors [B, q, q]: where
+    the new entries go and what they see; attention: one of the *_attention functions above.
     kernels: the projections through specbench.kernels.gemv where it applies (one input row:
     the norms, the MLP activation and the residual adds folded into them)."""
-    B, q, _ = x.shape
-    G = s.heads // s.kv_heads
     qkv = project(x, wqkv, bqkv, norm=attention_norm, eps=s.eps, kernel=kernels)
-    xq, xk, xv = qkv.split([s.heads * s.head_dim, s.kv_heads * s.head_dim, s.kv_heads * s.head_dim], -1)
-    xq = rotate(xq.view(B, q, s.heads, s.head_dim), cos, sin)
-    xk = rotate(xk.view(B, q, s.kv_heads, s.head_dim), cos, sin)
-    k_cache[rows, :, slots] = xk  # advanced indices first: the value is [B, q, Hkv, hd]
-    v_cache[rows, :, slots] = xv.view(B, q, s.kv_heads, s.head_dim)
-    # Query heads grouped under their key/value head: one attention per Hkv, no K/V repeat.
-    xq = xq.view(B, q, s.kv_heads, G, s.head_dim).permute(0, 2, 3, 1, 4).reshape(B, s.kv_heads, G * q, s.head_dim)
-    o = attention(xq, k_cache, v_cache, mask)  # [B, Hkv, G*q, hd]
-    o = o.view(B, s.kv_heads, G, q, s.head_dim).permute(0, 3, 1, 2, 4).reshape(B, q, s.heads * s.head_dim)
+    o = attention(qkv, cos, sin, k_cache, v_cache, lengths, ancestors, s.heads, s.kv_heads, mask=mask)  # [B, q, H*hd]
     x = project(o, wo, residual=x, kernel=kernels)
     h = project(x, w13, norm=ffn_norm, eps=s.eps, glu=True, kernel=kernels)  # [B, q, hidden]
     return project(h, w2, residual=x, kernel=kernels)
@@ -152,7 +146,7 @@ class Transformer(nn.Module):
         self.rope_scale = rope_scale  # transformers' attention_scaling (1.0 but for YaRN-like rope)
 
     def forward(self, tokens, lengths, depth, ancestors, cache_k, cache_v, feature_layers=(), last=None,
-                layer=block, attention=attend, kernels=False):
+                layer=block, attention=matmul_attention, kernels=False):
         """tokens: [B, q] at depths depth [B, q] past each row's length [B], seeing the cache
         before it and the inputs in ancestors [B, q, q] (bool, diagonal set). cache_k, cache_v:
         [L, B, Hkv, S, hd]. -> logits [B, q, V] (or [B, V] at the positions `last` [B]), and
@@ -162,15 +156,7 @@ class Transformer(nn.Module):
         s = self.s
         B, q = tokens.shape
         S = cache_k.shape[3]
-        G = s.heads // s.kv_heads
-        device = tokens.device
-        rows = torch.arange(B, device=device)[:, None]  # [B, 1]
-        slots = (lengths[:, None] + torch.arange(q, device=device)).clamp(max=S - 1)  # [B, q]
-        rel = torch.arange(S, device=device) - lengths[:, None, None]  # [B, 1, S] slot - length
-        inside = (rel >= 0) & (rel < q)
-        seen = ancestors.gather(2, rel.clamp(0, q - 1).expand(B, q, S)) & inside  # [B, q, S]
-        mask = (rel < 0) | seen
-        mask = mask[:, None, None].expand(B, 1, G, q, S).reshape(B, 1, G * q, S)
+        mask = None if attention is kernel_attention else attention_mask(lengths, ancestors, S, s.heads // s.kv_heads)
         freqs = (lengths[:, None] + depth).float()[..., None] * self.inv_freq  # [B, q, hd / 2]
         angles = torch.cat([freqs, freqs], -1)[:, :, None]  # [B, q, 1, hd]
         x = self.tok_embeddings(tokens)
@@ -180,13 +166,13 @@ class Transformer(nn.Module):
         for i, weights in enumerate(self.layers):
             if i in feature_layers:
                 states[i] = x
-            x = layer(s, attention, x, cos, sin, mask, cache_k[i], cache_v[i], rows, slots, *weights.weights,
-                      kernels=kernels)
+            x = layer(s, attention, x, cos, sin, mask, cache_k[i], cache_v[i], lengths, ancestors,
+                      *weights.weights, kernels=kernels)
         x = self.norm(x)
         states[s.layers] = x
         features = torch.cat([states[i] for i in feature_layers], -1) if feature_layers else None
         if last is not None:
-            x = x[rows[:, 0], last]  # [B, D]
+            x = x[torch.arange(B, device=x.device), last]  # [B, D]
         return project(x, self.output.weight, kernel=kernels), features
 
     @classmethod
@@ -256,6 +242,12 @@ class NativeEngine:
         self._forward = torch.compile(model.forward, fullgraph=True, mode=compile_mode) if whole else model.forward
         self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
         self.kernels = kernels  # decode projections through specbench.kernels.gemv (see block)
+        # Decode and verify attention: the Triton kernel with kernels on (where it runs: the cache
+        # stands in for qkv, whose dtype and device it shares), else the torch composition.
+        if kernels and attention_supported(self.cache_k[0], self.cache_k[0]):
+            self._attention = kernel_attention
+        else:
+            self._attention = matmul_attention if rows * s.kv_heads < FUSED_FROM else sdpa_attention
         self._graphs: dict = {}  # (q, tree) -> (graph, static inputs, static outputs)
 
     @property
@@ -273,7 +265,7 @@ class NativeEngine:
         logits, features = self.model(
             input_ids.to(self.device)[None], self.lengths.new_zeros(1), depth[None], ancestors[None],
             self.cache_k[:, row : row + 1], self.cache_v[:, row : row + 1], self.feature_layers,
-            last=torch.tensor([T - 1], device=self.device), attention=fused_attend,
+            last=torch.tensor([T - 1], device=self.device), attention=sdpa_attention,
         )
         self.lengths[row] = T
         return (logits[0], features[0]) if self.feature_layers else logits[0]
@@ -298,9 +290,8 @@ class NativeEngine:
         return (logits, features) if self.feature_layers else logits
 
     def _run(self, inputs):
-        attention = attend if self.rows * self.model.s.kv_heads < FUSED_FROM else fused_attend
         return self._forward(*inputs, self.cache_k, self.cache_v, self.feature_layers, layer=self._layer,
-                             attention=attention, kernels=self.kernels)
+                             attention=self._attention, kernels=self.kernels)
 
     def _replay(self, inputs, tree: bool):
         """A chain's graph keeps its depth and mask from the capture: only the tokens change."""

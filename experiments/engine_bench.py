@@ -8,7 +8,7 @@
   m. memory: batch 48 at context 4096 (weights, KV cache, peak) and its decode step.
   fused: the decode step with matmul against fused attention over batches and contexts.
 
-    python experiments/engine_bench.py OUT [--parts a,b,m] [--tiny]
+    python experiments/engine_bench.py OUT [--parts a,b,m] [--kernels] [--tiny]
 
 --tiny runs every code path on a 2-layer model (CPU is fine) to check the script, not to time.
 Writes OUT/engine_bench.json (every number, with provenance) and prints a table last.
@@ -85,12 +85,14 @@ def build_hf(shape: dict, device, dtype):
     return model.eval()
 
 
-def native_decode(native, ctx: int, device, compile: bool, steps: int, mode=None, scope="layer") -> dict:
+def native_decode(native, ctx: int, device, compile: bool, steps: int, mode=None, scope="layer",
+                  kernels: bool = False) -> dict:
     """Decode steps at batch 1 after a prefill of ctx random tokens: the engine's own loop
     (inputs copied in, one graph replay, lengths moved), and the graph replay alone."""
     if mode is not None:
         torch._dynamo.reset()  # compiled code is cached per function: forget the default mode's
-    engine = NativeEngine(native, 1, ctx + steps * 8 + 64, compile=compile, compile_mode=mode, compile_scope=scope)
+    engine = NativeEngine(native, 1, ctx + steps * 8 + 64, compile=compile, compile_mode=mode, compile_scope=scope,
+                          kernels=kernels)
     prompt = torch.randint(0, native.s.vocab_size, (ctx,), device=device)
     engine.prefill(0, prompt)
     token = torch.randint(0, native.s.vocab_size, (1, 1))
@@ -155,9 +157,9 @@ def hf_generate(model, ctx: int, device) -> dict:
     return {"ms": (t_long - t_short) / (long - short)}
 
 
-def verify_curve(native, ctx: int, device, compile: bool, qs, steps: int) -> dict:
+def verify_curve(native, ctx: int, device, compile: bool, qs, steps: int, kernels: bool = False) -> dict:
     """t(q): one forward of q chain positions at batch 1 over ctx cached tokens."""
-    engine = NativeEngine(native, 1, ctx + max(qs) + 8, compile=compile)
+    engine = NativeEngine(native, 1, ctx + max(qs) + 8, compile=compile, kernels=kernels)
     engine.prefill(0, torch.randint(0, native.s.vocab_size, (ctx,), device=device))
     times = {}
     for q in qs:
@@ -166,12 +168,12 @@ def verify_curve(native, ctx: int, device, compile: bool, qs, steps: int) -> dic
     return times
 
 
-def memory_batch48(native, ctx: int, device, rows: int, steps: int, compile: bool) -> dict:
+def memory_batch48(native, ctx: int, device, rows: int, steps: int, compile: bool, kernels: bool = False) -> dict:
     """rows requests at ctx tokens each: the cache allocated, filled with random values (not
     zeros), and one decode step for all rows."""
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    engine = NativeEngine(native, rows, ctx + 16, compile=compile)
+    engine = NativeEngine(native, rows, ctx + 16, compile=compile, kernels=kernels)
     for cache in (engine.cache_k, engine.cache_v):
         for layer in cache:
             layer.normal_()
@@ -188,8 +190,9 @@ def memory_batch48(native, ctx: int, device, rows: int, steps: int, compile: boo
 
 
 def attention_crossover(native, device, ctxs, batches, steps: int) -> list:
-    """The decode step (eager layers in CUDA graphs) with the matmul attention and with the
-    fused kernel at each batch and context: where FUSED_FROM (engines/native.py) should sit."""
+    """The decode step (eager layers in CUDA graphs) with the matmul attention, with PyTorch's
+    fused kernel, and with engine.kernels (specbench.kernels.attention and gemv) at each batch
+    and context: where FUSED_FROM (engines/native.py) should sit, and what the kernels change."""
     from specbench.engines import native as native_mod
 
     rows = []
@@ -198,13 +201,15 @@ def attention_crossover(native, device, ctxs, batches, steps: int) -> list:
         for ctx in ctxs:
             for B in batches:
                 row = {"ctx": ctx, "rows": B}
-                for name, threshold in (("matmul_ms", 1 << 30), ("fused_ms", 0)):
+                for name, threshold, kernels in (("matmul_ms", 1 << 30, False), ("fused_ms", 0, False),
+                                                 ("kernel_ms", 0, True)):
                     native_mod.FUSED_FROM = threshold
-                    engine = NativeEngine(native, B, ctx + 16)
+                    engine = NativeEngine(native, B, ctx + 16, kernels=kernels)
                     engine.lengths.fill_(ctx)
                     tokens = torch.randint(0, native.s.vocab_size, (B, 1))
                     row[name] = median_ms(lambda: engine.forward(tokens), device, n=steps)
                 row["fused_over_matmul"] = row["fused_ms"] / row["matmul_ms"]
+                row["kernel_over_best"] = row["kernel_ms"] / min(row["fused_ms"], row["matmul_ms"])
                 print(row, flush=True)
                 rows.append(row)
     finally:
@@ -232,7 +237,10 @@ def main(argv=None) -> int:
                     help="a, b, m, fused (the attention crossover); autotune and model add a's "
                          "max-autotune variants (one layer, the whole forward)")
     ap.add_argument("--tiny", action="store_true")
+    ap.add_argument("--kernels", action="store_true",
+                    help="engine.kernels: a adds each native variant with the kernels beside it; b and m run with them")
     args = ap.parse_args(argv)
+    kernels = args.kernels
     parts = set(args.parts.split(","))
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -250,7 +258,8 @@ def main(argv=None) -> int:
     results = {"device": provenance.device_name(device), "torch": torch.__version__,
                "transformers": transformers.__version__, "triton": triton_version,
                "git_sha": provenance.git_sha(), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-               "shape": {k: v for k, v in shape.items() if k != "rope_scaling"}, "dtype": str(dtype), "ctx": ctx}
+               "shape": {k: v for k, v in shape.items() if k != "rope_scaling"}, "dtype": str(dtype), "ctx": ctx,
+               "kernels": kernels}
     model = build_hf(shape, device, dtype)
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     results["weight_bytes"] = weight_bytes
@@ -259,8 +268,11 @@ def main(argv=None) -> int:
     native = Transformer.from_hf(model)
 
     if "a" in parts:
-        attempt(results, "native_graphs", lambda: native_decode(native, ctx, device, False, steps), args.out)
-        attempt(results, "native_compiled_graphs", lambda: native_decode(native, ctx, device, True, steps), args.out)
+        for suffix in ("", "_kernels") if kernels else ("",):
+            k = bool(suffix)
+            attempt(results, "native_graphs" + suffix, lambda: native_decode(native, ctx, device, False, steps, kernels=k), args.out)
+            attempt(results, "native_compiled_graphs" + suffix,
+                    lambda: native_decode(native, ctx, device, True, steps, kernels=k), args.out)
         attempt(results, "hf_static_compiled", lambda: hf_static_compiled(model, ctx, device, steps), args.out)
         attempt(results, "hf_generate", lambda: hf_generate(model, ctx, device), args.out)
     if "b" in parts or "m" in parts:
@@ -270,17 +282,19 @@ def main(argv=None) -> int:
     if "b" in parts:
         qs = list(range(1, 34))
         for c in ((32, 128) if args.tiny else (512, 4096)):
-            attempt(results, f"verify_ctx{c}", lambda: verify_curve(native, c, device, True, qs, max(steps // 2, 1)), args.out)
+            attempt(results, f"verify_ctx{c}", lambda: verify_curve(native, c, device, True, qs, max(steps // 2, 1), kernels),
+                    args.out)
     if "m" in parts:
         attempt(results, "memory_batch48_ctx4096",
-                lambda: memory_batch48(native, 128 if args.tiny else 4096, device, 48, steps, True), args.out)
+                lambda: memory_batch48(native, 128 if args.tiny else 4096, device, 48, steps, True, kernels), args.out)
     if "fused" in parts:
         attempt(results, "attention_crossover", lambda: attention_crossover(
             native, device, (128,) if args.tiny else (512, 4096), (1, 4) if args.tiny else (1, 2, 4, 8, 16, 32, 48),
             max(steps // 2, 1)), args.out)
     if "a" in parts and "autotune" in parts:  # last: Triton matmul templates tuned per shape (slow to compile)
         attempt(results, "native_autotune_graphs",
-                lambda: native_decode(native, ctx, device, True, steps, "max-autotune-no-cudagraphs"), args.out)
+                lambda: native_decode(native, ctx, device, True, steps, "max-autotune-no-cudagraphs", kernels=kernels),
+                args.out)
     if "a" in parts and "model" in parts:  # the whole forward compiled: fusion across layers (slower to compile)
         attempt(results, "native_model_autotune_graphs",
                 lambda: native_decode(native, ctx, device, True, steps, "max-autotune-no-cudagraphs", "model"), args.out)
@@ -293,7 +307,8 @@ def print_table(r: dict) -> None:
     print(f"\n{r['device']}  torch {r['torch']}  transformers {r['transformers']}  {r['date']}  sha {r['git_sha']}")
     print(f"weights {r['weight_bytes'] / 1e9:.2f} GB, copy bandwidth {r['copy_bandwidth'] / 1e12:.2f} TB/s, floor {floor:.2f} ms")
     print("a. decode at batch 1                     ms/token   x floor")
-    native_keys = ("native_graphs", "native_compiled_graphs", "native_autotune_graphs", "native_model_autotune_graphs")
+    native_keys = ("native_graphs", "native_graphs_kernels", "native_compiled_graphs", "native_compiled_graphs_kernels",
+                   "native_autotune_graphs", "native_model_autotune_graphs")
     for key in native_keys + ("hf_static_compiled", "hf_generate"):
         v = r.get(key, {})
         if "ms" in v:

@@ -239,3 +239,38 @@ def test_triton_rules_in_the_batched_runner(tiny_model, reference):
     assert greedy(engine(), chain) == reference
     tree = Speculation(NgramTrieDrafter(), "target_only", 3, topk=2, num_draft_tokens=6, impl="triton")
     assert greedy(engine(), tree) == reference
+
+
+def test_attention_kernel_in_the_engine():
+    """engine.kernels: decode and verify attention through specbench.kernels.attention (on CPU in
+    Triton's interpreter; hd 16, the kernel's least head size). Ragged rows, a chain then a tree
+    after a partial rollback: logits within 1e-4 of transformers, as the torch path is held."""
+    pytest.importorskip("triton", reason="the dev extra installs triton on Linux")
+    from specbench.engines.native import kernel_attention, matmul_attention
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(**{**COMMON, "num_hidden_layers": 2, "num_attention_heads": 4})).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(8.0 if p.dim() > 1 else 1.0)
+    engine = NativeEngine(Transformer.from_hf(model), 2, 32, kernels=True)
+    assert engine._attention is kernel_attention
+    assert NativeEngine(Transformer.from_hf(model), 2, 32)._attention is matmul_attention
+    prompts = [torch.tensor([0, 5, 17, 42, 7]), torch.tensor([0, 88])]
+    for row, prompt in enumerate(prompts):
+        engine.prefill(row, prompt)
+    step = torch.tensor([[3, 4, 5, 6], [7, 8, 9, 10]])
+    logits = engine.forward(step)
+    with torch.no_grad():
+        for row, prompt in enumerate(prompts):
+            ref = model(torch.cat([prompt, step[row]])[None]).logits[0, -4:]
+            assert rel(logits[row], ref) < 1e-4
+    engine.advance([[0, 1], [0]])
+    tree = compile_tree(torch.tensor([-1, 0, 0, 1]))
+    logits = engine.forward(step, tree.depth.expand(2, 4), tree.mask.expand(2, 4, 4))
+    with torch.no_grad():
+        for row, (prompt, kept) in enumerate(zip(prompts, [[3, 4], [7]])):
+            history = torch.cat([prompt, torch.tensor(kept)])
+            for node, branch in enumerate([[0], [0, 1], [0, 2], [0, 1, 3]]):
+                ref = model(torch.cat([history, step[row, branch]])[None]).logits[0, -1]
+                assert rel(logits[row, node], ref) < 1e-4, (row, node)

@@ -1,0 +1,389 @@
+"""The attention of a decode or verify step in one kernel: RoPE, the KV-cache write, attention.
+
+After a layer's qkv projection, engines/native.py's `block` splits qkv, rotates q and k (RoPE),
+writes k and v into the static cache at slots length .. length + q - 1 of each row, and attends
+over the cache through a boolean mask: about ten small kernels per layer. `decode` does the
+same in two launches, beside `reference`, the torch composition it replaces (with `rotate`,
+`attend` and `mask` as native uses them):
+
+    qkv       [B, q, (H + 2 Hkv) hd]  the projection's output: H query heads, Hkv key heads, Hkv value heads
+    cos, sin  [B, q, 1, hd]           RoPE tables in the model dtype (already scaled)
+    k_cache   [B, Hkv, S, hd]         one layer's cache (a view of [L, B, Hkv, S, hd]), written in place
+    v_cache   [B, Hkv, S, hd]
+    lengths   [B] int64               the entries each row holds before this step
+    ancestors [B, q, q] bool          which new inputs each input sees (diagonal set; tril for a chain)
+    -> o      [B, q, H hd]            attention output, heads in order (head = kv_head * G + g)
+
+Input i of row b sees the row's cache prefix [0, lengths[b]) and the new inputs j with
+ancestors[b, i, j]. The q query heads that share a key/value head are one set of G q rows
+(query head g, position i: row g q + i, native's order), so K and V are read once per kv head.
+
+Kernel 1 (`_partials`), grid (SPLITS + 1, tiles, B Hkv): flash decoding. Programs 0 .. SPLITS-1
+of a (row, kv head, row tile) split the prefix [0, length) into SPLITS chunks of whole BLOCK_S
+blocks, sized from the row's length inside the kernel: the grid depends on shapes only (the
+call is captured in a CUDA graph) while short rows still spread over every split; a split past
+the prefix does nothing. Program SPLITS takes the q new entries: it rotates their keys in
+registers, attends to them through `ancestors`, and (row tile 0 only) writes k and v into the
+cache. The new entries are never read back from the cache, and prefix programs read only slots
+below the length, so the write races with no read. Each program keeps an online-softmax state
+(running max, sum, acc [BLOCK_M, hd]) in fp32 and stores it as a partial. Kernel 2 (`_combine`),
+grid (row tiles, B Hkv), merges a row's partials into o, in o's [B, q, H hd] layout.
+
+Rounding as in torch: RoPE rounds x cos, rot sin and their sum to the dtype, so the cache gets
+the reference's bits (compiled without FMA contraction for the same reason); scores are
+fp32, scaled by hd^-0.5 (folded with log2 e for exp2); probabilities are cast to the value dtype
+before the P V product, as `attend` does. Only the order of the fp32 sums and the online
+softmax differ, and `attend` rounds its scores to a 16-bit dtype where the kernel does not.
+
+Slots past the cache (lengths[b] + j >= S) are clamped to S - 1 as in the reference; the kernel
+writes only the last such input there (as torch's CPU index_put does; CUDA leaves the winner
+unspecified) and no input sees an input that did not fit, so outputs at such positions are
+unspecified. lengths[b] <= S - 1 is assumed (the engine keeps a spare slot).
+
+Under TRITON_INTERPRET=1 (CPU tests) the two loops whose bounds come from the lengths run as
+while loops (COMPILED=False): the interpreter's range() cannot take a tensor bound with numpy 2.
+Compiled, they are for loops, which Triton software-pipelines. The interpreter also cannot do
+bf16 (it truncates casts to bf16 and multiplies bf16 dot operands as raw bits): fp16 and fp32
+are what it checks; bf16 is checked on CUDA.
+
+Letters: B rows (requests), q new inputs per row, S cache slots, H query heads, Hkv key/value
+heads, G = H / Hkv, hd head size; M = G q query rows per kv head.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU installs without triton: `reference` still runs
+    triton = None
+
+LOG2E = 1.4426950408889634
+SMS_CPU = 132  # what the launch heuristic assumes off CUDA (an H200's SM count)
+_SMS: dict = {}  # device index -> SM count
+
+
+# --- the torch composition (engines/native.py's block) ----------------------------------------
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [B, q, heads, hd]; cos, sin: [B, q, 1, hd] (halves rotated, as in Llama)."""
+    x1, x2 = x.chunk(2, -1)
+    return x * cos + torch.cat([-x2, x1], -1) * sin
+
+
+def attend(xq: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Attention for a few query rows over a long cache: two batched matrix products and a
+    softmax in fp32 (as transformers' eager attention). At decode shapes this spreads the
+    cache over the whole GPU where a fused kernel runs one block per (request, head).
+    xq: [B, Hkv, G*q, hd]; k, v: [B, Hkv, S, hd]; mask: [B, 1, G*q, S] bool -> [B, Hkv, G*q, hd]."""
+    scores = torch.matmul(xq, k.transpose(-1, -2)) * xq.shape[-1] ** -0.5  # [B, Hkv, G*q, S]
+    weights = scores.float().masked_fill(~mask, float("-inf")).softmax(-1).to(v.dtype)
+    return torch.matmul(weights, v)
+
+
+def mask(lengths: torch.Tensor, ancestors: torch.Tensor, S: int, G: int) -> torch.Tensor:
+    """lengths [B], ancestors [B, q, q] bool -> [B, 1, G*q, S] bool: input i of row b sees slot s
+    when s < lengths[b], or s = lengths[b] + j (j < q) with ancestors[b, i, j]; the same for the
+    G query heads of a kv head (rows in [G, q] order)."""
+    B, q, _ = ancestors.shape
+    rel = torch.arange(S, device=lengths.device) - lengths[:, None, None]  # [B, 1, S] slot - length
+    inside = (rel >= 0) & (rel < q)
+    seen = ancestors.gather(2, rel.clamp(0, q - 1).expand(B, q, S)) & inside  # [B, q, S]
+    visible = (rel < 0) | seen
+    return visible[:, None, None].expand(B, 1, G, q, S).reshape(B, 1, G * q, S)
+
+
+_mask = mask  # reference() takes a precomputed mask under the same name
+
+
+def reference(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
+              v_cache: torch.Tensor, lengths: torch.Tensor, ancestors: torch.Tensor, heads: int,
+              kv_heads: int, mask: Optional[torch.Tensor] = None, attend: Callable = attend) -> torch.Tensor:
+    """decode() in torch, as native's block does it: -> o [B, q, heads*hd]; writes the caches.
+    mask: [B, 1, G*q, S] bool as `mask` builds it (native builds it once per forward), or None;
+    attend: `attend`, or a function of the same signature (native's sdpa one)."""
+    B, q, _ = qkv.shape
+    S, hd = k_cache.shape[2], k_cache.shape[3]
+    G = heads // kv_heads
+    if mask is None:
+        mask = _mask(lengths, ancestors, S, G)
+    rows = torch.arange(B, device=qkv.device)[:, None]  # [B, 1]
+    slots = (lengths[:, None] + torch.arange(q, device=qkv.device)).clamp(max=S - 1)  # [B, q]
+    xq, xk, xv = qkv.split([heads * hd, kv_heads * hd, kv_heads * hd], -1)
+    xq = rotate(xq.view(B, q, heads, hd), cos, sin)
+    xk = rotate(xk.view(B, q, kv_heads, hd), cos, sin)
+    k_cache[rows, :, slots] = xk  # advanced indices first: the value is [B, q, Hkv, hd]
+    v_cache[rows, :, slots] = xv.view(B, q, kv_heads, hd)
+    xq = xq.view(B, q, kv_heads, G, hd).permute(0, 2, 3, 1, 4).reshape(B, kv_heads, G * q, hd)
+    o = attend(xq, k_cache, v_cache, mask)  # [B, Hkv, G*q, hd]
+    return o.view(B, kv_heads, G, q, hd).permute(0, 3, 1, 2, 4).reshape(B, q, heads * hd)
+
+
+# --- the kernels ------------------------------------------------------------------------------
+
+if triton is not None:
+
+    @triton.jit
+    def _rope(x_ptr, x_off, cos_ptr, sin_ptr, cs_off, ok, HD: tl.constexpr):
+        # x_off: [R, 1] offset of a head's element 0 in qkv; cs_off: [R, 1] of its position's cos
+        # row; ok: [R, 1] -> [R, HD] rotated in x's dtype, rounded where torch rounds.
+        rd = tl.arange(0, HD)[None, :]  # [1, HD]
+        partner = (rd + HD // 2) % HD  # the other half: rot = cat(-x2, x1)
+        x = tl.load(x_ptr + x_off + rd, mask=ok, other=0.0)
+        xp = tl.load(x_ptr + x_off + partner, mask=ok, other=0.0).to(tl.float32)
+        rot = tl.where(rd < HD // 2, -xp, xp)
+        c = tl.load(cos_ptr + cs_off + rd, mask=ok, other=0.0).to(tl.float32)
+        s = tl.load(sin_ptr + cs_off + rd, mask=ok, other=0.0).to(tl.float32)
+        dtype = x.dtype
+        a = (x.to(tl.float32) * c).to(dtype).to(tl.float32)
+        b = (rot * s).to(dtype).to(tl.float32)
+        return (a + b).to(dtype)
+
+    @triton.jit
+    def _prefix_block(xq, k_row, v_row, start, hi, s_ks, s_vs, m_i, l_i, acc, qk_scale,
+                      HD: tl.constexpr, BLOCK_S: tl.constexpr, PRECISION: tl.constexpr):
+        # One online-softmax step over cache slots [start, start + BLOCK_S) below hi. xq:
+        # [BLOCK_M, HD]; k_row, v_row: slot 0 of the (row, kv head); m_i, l_i: [BLOCK_M]; acc:
+        # [BLOCK_M, HD] fp32. m_i stays finite: slot `start` is visible to every row.
+        rd = tl.arange(0, HD)
+        slot = start + tl.arange(0, BLOCK_S)  # [BLOCK_S]
+        s_ok = slot < hi
+        k = tl.load(k_row + slot[:, None] * s_ks + rd[None, :], mask=s_ok[:, None], other=0.0)
+        sc = tl.dot(xq, tl.trans(k), input_precision=PRECISION) * qk_scale  # [BLOCK_M, BLOCK_S]
+        sc = tl.where(s_ok[None, :], sc, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(sc, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(sc - m_new[:, None])
+        v = tl.load(v_row + slot[:, None] * s_vs + rd[None, :], mask=s_ok[:, None], other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        return m_new, l_i * alpha + tl.sum(p, 1), acc
+
+    @triton.jit
+    def _partials(qkv_ptr, cos_ptr, sin_ptr, k_ptr, v_ptr, len_ptr, anc_ptr, m_ptr, l_ptr, acc_ptr,
+                  s_qb, s_qi, s_cb, s_ci, s_kb, s_kh, s_ks, s_vb, s_vh, s_vs, s_ab, s_ai, s_aj,
+                  S, qk_scale,
+                  Q: tl.constexpr, G: tl.constexpr, H: tl.constexpr, HKV: tl.constexpr, HD: tl.constexpr,
+                  SPLITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_Q: tl.constexpr,
+                  PRECISION: tl.constexpr, COMPILED: tl.constexpr):
+        # qkv: [B, Q, (H + 2 HKV) HD]; cos, sin: [B, Q, 1, HD]; k, v: [B, HKV, S, HD] (last dims
+        # contiguous); len: [B] int64; anc: [B, Q, Q] int8; m, l: [B HKV, SPLITS + 1, M] fp32;
+        # acc: [B HKV, SPLITS + 1, M, HD] fp32. Scores are in log2 units (qk_scale has log2 e).
+        split = tl.program_id(0)
+        tile = tl.program_id(1)
+        bh = tl.program_id(2)
+        b = (bh // HKV).to(tl.int64)
+        kvh = (bh % HKV).to(tl.int64)
+        M: tl.constexpr = G * Q
+        length = tl.minimum(tl.load(len_ptr + b), S).to(tl.int32)
+        r = tile * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M] query rows g * Q + i
+        r_ok = r < M
+        i = r % Q
+        head = kvh * G + r // Q
+        rd = tl.arange(0, HD)
+        xq = _rope(qkv_ptr, b * s_qb + i[:, None] * s_qi + head[:, None] * HD, cos_ptr, sin_ptr,
+                   b * s_cb + i[:, None] * s_ci, r_ok[:, None], HD)  # [BLOCK_M, HD]
+        part = (bh * (SPLITS + 1) + split).to(tl.int64) * M + r  # [BLOCK_M] partial row index
+        if split < SPLITS:
+            # Prefix chunk [lo, hi): the length in SPLITS parts of whole BLOCK_S blocks.
+            per = tl.cdiv(tl.cdiv(length, BLOCK_S), SPLITS) * BLOCK_S
+            lo = split * per
+            hi = tl.minimum(lo + per, length)
+            if lo < hi:
+                k_row = k_ptr + b * s_kb + kvh * s_kh
+                v_row = v_ptr + b * s_vb + kvh * s_vh
+                m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+                l_i = tl.zeros((BLOCK_M,), tl.float32)
+                acc = tl.zeros((BLOCK_M, HD), tl.float32)
+                if COMPILED:  # a for loop: software-pipelined
+                    for start in range(lo, hi, BLOCK_S):
+                        m_i, l_i, acc = _prefix_block(xq, k_row, v_row, start, hi, s_ks, s_vs, m_i, l_i, acc,
+                                                      qk_scale, HD, BLOCK_S, PRECISION)
+                else:  # the interpreter's range() takes no tensor bounds (numpy >= 2)
+                    start = lo
+                    while start < hi:
+                        m_i, l_i, acc = _prefix_block(xq, k_row, v_row, start, hi, s_ks, s_vs, m_i, l_i, acc,
+                                                      qk_scale, HD, BLOCK_S, PRECISION)
+                        start += BLOCK_S
+                tl.store(m_ptr + part, m_i, mask=r_ok)
+                tl.store(l_ptr + part, l_i, mask=r_ok)
+                tl.store(acc_ptr + part[:, None] * HD + rd[None, :], acc, mask=r_ok[:, None])
+        else:
+            # The Q new entries, from qkv: input j fits when length + j < S.
+            j = tl.arange(0, BLOCK_Q)  # [BLOCK_Q]
+            j_in = j < Q
+            fits = j_in & (length + j < S)
+            k_new = _rope(qkv_ptr, b * s_qb + j[:, None] * s_qi + (H + kvh) * HD, cos_ptr, sin_ptr,
+                          b * s_cb + j[:, None] * s_ci, j_in[:, None], HD)  # [BLOCK_Q, HD]
+            v_new = tl.load(qkv_ptr + b * s_qb + j[:, None] * s_qi + (H + HKV + kvh) * HD + rd[None, :],
+                            mask=j_in[:, None], other=0.0)  # [BLOCK_Q, HD]
+            sees = tl.load(anc_ptr + b * s_ab + i[:, None] * s_ai + j[None, :] * s_aj,
+                           mask=r_ok[:, None] & fits[None, :], other=0) != 0  # [BLOCK_M, BLOCK_Q]
+            sc = tl.dot(xq, tl.trans(k_new), input_precision=PRECISION) * qk_scale
+            sc = tl.where(sees, sc, float("-inf"))
+            m_i = tl.max(sc, 1)  # -inf for a row that sees nothing new (padding, or past the cache)
+            p = tl.exp2(sc - tl.where(m_i == float("-inf"), 0.0, m_i)[:, None])
+            acc = tl.dot(p.to(v_new.dtype), v_new, input_precision=PRECISION)  # [BLOCK_M, HD]
+            tl.store(m_ptr + part, m_i, mask=r_ok)
+            tl.store(l_ptr + part, tl.sum(p, 1), mask=r_ok)
+            tl.store(acc_ptr + part[:, None] * HD + rd[None, :], acc, mask=r_ok[:, None])
+            if tile == 0:
+                # Slots clamp to S - 1 as in the reference; of the inputs clamped there only the
+                # last one writes, so no two stores of this program hit one slot.
+                slot = tl.minimum(length + j, S - 1)
+                w_ok = (j_in & ((j == Q - 1) | (length + j < S - 1)))[:, None]
+                tl.store(k_ptr + b * s_kb + kvh * s_kh + slot[:, None] * s_ks + rd[None, :], k_new, mask=w_ok)
+                tl.store(v_ptr + b * s_vb + kvh * s_vh + slot[:, None] * s_vs + rd[None, :], v_new, mask=w_ok)
+
+    @triton.jit
+    def _fold(m_ptr, l_ptr, acc_ptr, part, r_ok, top, den, num, HD: tl.constexpr):
+        # Adds the partial at rows `part` [BLOCK_R], weighted by 2^(m - top), to den, num.
+        rd = tl.arange(0, HD)
+        w = tl.exp2(tl.load(m_ptr + part, mask=r_ok, other=float("-inf")) - top)
+        den += w * tl.load(l_ptr + part, mask=r_ok, other=0.0)
+        num += w[:, None] * tl.load(acc_ptr + part[:, None] * HD + rd[None, :], mask=r_ok[:, None], other=0.0)
+        return den, num
+
+    @triton.jit
+    def _combine(m_ptr, l_ptr, acc_ptr, len_ptr, o_ptr, s_ob, s_oi, S,
+                 Q: tl.constexpr, G: tl.constexpr, HKV: tl.constexpr, HD: tl.constexpr,
+                 SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_R: tl.constexpr,
+                 COMPILED: tl.constexpr):
+        # m, l, acc: as _partials wrote them; o: [B, Q, H HD] in the model dtype. Reads the new
+        # entries' partial and the prefix splits that ran (those with lo < length).
+        tile = tl.program_id(0)
+        bh = tl.program_id(1)
+        b = (bh // HKV).to(tl.int64)
+        kvh = bh % HKV
+        M: tl.constexpr = G * Q
+        length = tl.minimum(tl.load(len_ptr + b), S).to(tl.int32)
+        per = tl.cdiv(tl.cdiv(length, BLOCK_S), SPLITS) * BLOCK_S
+        ran = tl.cdiv(length, tl.maximum(per, 1))  # prefix splits with work: 0 when length is 0
+        r = tile * BLOCK_R + tl.arange(0, BLOCK_R)  # [BLOCK_R]
+        r_ok = r < M
+        rd = tl.arange(0, HD)
+        row0 = bh.to(tl.int64) * (SPLITS + 1) * M + r  # split 0's partial rows
+        new = row0 + SPLITS * M
+        top = tl.load(m_ptr + new, mask=r_ok, other=float("-inf"))
+        if COMPILED:
+            for s in range(0, ran):
+                top = tl.maximum(top, tl.load(m_ptr + row0 + s * M, mask=r_ok, other=float("-inf")))
+        else:  # the interpreter's range() takes no tensor bounds
+            s = 0
+            while s < ran:
+                top = tl.maximum(top, tl.load(m_ptr + row0 + s * M, mask=r_ok, other=float("-inf")))
+                s += 1
+        top = tl.where(top == float("-inf"), 0.0, top)  # a row that sees nothing: all weights 0
+        den, num = _fold(m_ptr, l_ptr, acc_ptr, new, r_ok, top, tl.zeros((BLOCK_R,), tl.float32),
+                         tl.zeros((BLOCK_R, HD), tl.float32), HD)
+        if COMPILED:
+            for s in range(0, ran):
+                den, num = _fold(m_ptr, l_ptr, acc_ptr, row0 + s * M, r_ok, top, den, num, HD)
+        else:
+            s = 0
+            while s < ran:
+                den, num = _fold(m_ptr, l_ptr, acc_ptr, row0 + s * M, r_ok, top, den, num, HD)
+                s += 1
+        o = num / tl.where(den > 0, den, 1.0)[:, None]  # [BLOCK_R, HD]
+        head = kvh * G + r // Q
+        o_off = b * s_ob + (r % Q)[:, None] * s_oi + head[:, None] * HD + rd[None, :]
+        tl.store(o_ptr + o_off, o.to(o_ptr.dtype.element_ty), mask=r_ok[:, None])
+
+    INTERPRETED = not isinstance(_partials, triton.runtime.JITFunction)  # TRITON_INTERPRET=1 at import
+else:
+    INTERPRETED = False
+
+
+def supported(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: Optional[torch.Tensor] = None) -> bool:
+    """The kernel's domain: triton, CUDA tensors (any device when TRITON_INTERPRET=1 was set before
+    triton was imported), hd a power
+    of two >= 16, fp16 / bf16 / fp32 throughout, last dimensions contiguous."""
+    hd = k_cache.shape[-1]
+    tensors = [qkv, k_cache] + ([v_cache] if v_cache is not None else [])
+    return (triton is not None and (qkv.is_cuda or INTERPRETED)
+            and hd >= 16 and hd & (hd - 1) == 0 and qkv.shape[-1] % hd == 0
+            and qkv.dtype in (torch.float16, torch.bfloat16, torch.float32)
+            and all(t.dtype == qkv.dtype and t.device == qkv.device and t.stride(-1) == 1 for t in tensors))
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _pow2(n: int) -> int:
+    """The least power of two >= n (n >= 1)."""
+    return 1 << (n - 1).bit_length()
+
+
+@torch.compiler.assume_constant_result  # read once at trace time under torch.compile
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return SMS_CPU
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SMS:
+        _SMS[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return _SMS[index]
+
+
+def launch_shape(B: int, q: int, S: int, kv_heads: int, G: int, hd: int, sms: int, *,
+                 splits: Optional[int] = None, block_m: Optional[int] = None,
+                 block_s: Optional[int] = None) -> tuple[int, int, int, int]:
+    """(splits, BLOCK_M, BLOCK_S, tiles) from shapes only (the grid is (splits + 1, tiles,
+    B * kv_heads)). The G*q query rows of a kv head tile by 16 to 64 (16 is tl.dot's least
+    size); the prefix is split so that about 2 programs run per SM, into no more splits than
+    the cache has BLOCK_S blocks. Given values override the heuristic."""
+    M = G * q
+    block_m = block_m or min(64, max(16, _pow2(M)))
+    block_s = block_s or (64 if hd <= 128 else 32)
+    tiles = _cdiv(M, block_m)
+    if splits is None:
+        splits = min(max(_cdiv(2 * sms, B * kv_heads * tiles), 1), _cdiv(S, block_s))
+    return splits, block_m, block_s, tiles
+
+
+def decode(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
+           v_cache: torch.Tensor, lengths: torch.Tensor, ancestors: torch.Tensor, heads: int,
+           kv_heads: int, *, splits: Optional[int] = None, block_m: Optional[int] = None,
+           block_s: Optional[int] = None, num_warps: int = 4) -> torch.Tensor:
+    """reference() in two Triton launches (see the module docstring): -> o [B, q, heads*hd] in
+    qkv's dtype; writes the q new entries of each row into k_cache, v_cache. splits, block_m,
+    block_s, num_warps: overrides of the launch heuristic, for benchmarks and tests.
+    Traceable by torch.compile(fullgraph=True): nothing here reads a tensor's values."""
+    B, q, _ = qkv.shape
+    S, hd = k_cache.shape[2], k_cache.shape[3]
+    G = heads // kv_heads
+    M = G * q
+    splits, block_m, block_s, tiles = launch_shape(B, q, S, kv_heads, G, hd, _sm_count(qkv.device),
+                                                   splits=splits, block_m=block_m, block_s=block_s)
+    parts = B * kv_heads * (splits + 1) * M
+    m = torch.empty(parts, dtype=torch.float32, device=qkv.device)
+    l = torch.empty(parts, dtype=torch.float32, device=qkv.device)  # noqa: E741
+    acc = torch.empty(parts, hd, dtype=torch.float32, device=qkv.device)
+    o = torch.empty(B, q, heads * hd, dtype=qkv.dtype, device=qkv.device)
+    anc = ancestors.view(torch.int8)  # same bytes, strides kept (a chain's mask is expanded)
+    fp32 = qkv.dtype == torch.float32
+    # No FMA contraction, or RoPE's x cos + rot sin would not round as torch's does. A compile
+    # option of Triton's launcher, left out under torch.compile (which launches the kernel
+    # itself, and whose own RoPE does not round between the products either): there the keys
+    # may differ from eager torch's in the last bit.
+    options = {} if torch.compiler.is_compiling() else {"enable_fp_fusion": False}
+    _partials[(splits + 1, tiles, B * kv_heads)](
+        qkv, cos, sin, k_cache, v_cache, lengths, anc, m, l, acc,
+        qkv.stride(0), qkv.stride(1), cos.stride(0), cos.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        anc.stride(0), anc.stride(1), anc.stride(2), S, hd**-0.5 * LOG2E,
+        Q=q, G=G, H=heads, HKV=kv_heads, HD=hd, SPLITS=splits, BLOCK_M=block_m, BLOCK_S=block_s,
+        BLOCK_Q=max(16, _pow2(q)), PRECISION="ieee" if fp32 else "tf32",
+        COMPILED=not INTERPRETED, num_warps=num_warps, **options)
+    block_r = min(16, max(4, _pow2(M)))
+    _combine[(_cdiv(M, block_r), B * kv_heads)](
+        m, l, acc, lengths, o, o.stride(0), o.stride(1), S,
+        Q=q, G=G, HKV=kv_heads, HD=hd, SPLITS=splits, BLOCK_S=block_s, BLOCK_R=block_r,
+        COMPILED=not INTERPRETED, num_warps=4)
+    return o
+
