@@ -156,7 +156,10 @@ class Transformer(nn.Module):
         s = self.s
         B, q = tokens.shape
         S = cache_k.shape[3]
-        mask = None if attention is kernel_attention else attention_mask(lengths, ancestors, S, s.heads // s.kv_heads)
+        if attention is kernel_attention:  # the kernel reads lengths and ancestors (int8) for a mask
+            mask, ancestors = None, ancestors.to(torch.int8)
+        else:
+            mask = attention_mask(lengths, ancestors, S, s.heads // s.kv_heads)
         freqs = (lengths[:, None] + depth).float()[..., None] * self.inv_freq  # [B, q, hd / 2]
         angles = torch.cat([freqs, freqs], -1)[:, :, None]  # [B, q, 1, hd]
         x = self.tok_embeddings(tokens)

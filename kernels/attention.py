@@ -11,7 +11,7 @@ same in two launches, beside `reference`, the torch composition it replaces (wit
     k_cache   [B, Hkv, S, hd]         one layer's cache (a view of [L, B, Hkv, S, hd]), written in place
     v_cache   [B, Hkv, S, hd]
     lengths   [B] int64               the entries each row holds before this step
-    ancestors [B, q, q] bool          which new inputs each input sees (diagonal set; tril for a chain)
+    ancestors [B, q, q] bool or int8  which new inputs each input sees (diagonal set; tril for a chain)
     -> o      [B, q, H hd]            attention output, heads in order (head = kv_head * G + g)
 
 Input i of row b sees the row's cache prefix [0, lengths[b]) and the new inputs j with
@@ -364,7 +364,9 @@ def decode(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: tor
     l = torch.empty(parts, dtype=torch.float32, device=qkv.device)  # noqa: E741
     acc = torch.empty(parts, hd, dtype=torch.float32, device=qkv.device)
     o = torch.empty(B, q, heads * hd, dtype=qkv.dtype, device=qkv.device)
-    anc = ancestors.view(torch.int8)  # same bytes, strides kept (a chain's mask is expanded)
+    # int8 for the kernel (native converts once per forward); bool -> int8 is a copy of [B, q, q],
+    # not a view: inductor cannot lower a bool view.
+    anc = ancestors if ancestors.dtype == torch.int8 else ancestors.to(torch.int8)
     fp32 = qkv.dtype == torch.float32
     # No FMA contraction, or RoPE's x cos + rot sin would not round as torch's does. A compile
     # option of Triton's launcher, left out under torch.compile (which launches the kernel

@@ -249,17 +249,18 @@ def test_attention_kernel_in_the_engine():
     from specbench.engines.native import kernel_attention, matmul_attention
 
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(**{**COMMON, "num_hidden_layers": 2, "num_attention_heads": 4})).eval()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = LlamaForCausalLM(LlamaConfig(**{**COMMON, "num_hidden_layers": 2, "num_attention_heads": 4})).to(device).eval()
     with torch.no_grad():
         for p in model.parameters():
             p.mul_(8.0 if p.dim() > 1 else 1.0)
     engine = NativeEngine(Transformer.from_hf(model), 2, 32, kernels=True)
     assert engine._attention is kernel_attention
     assert NativeEngine(Transformer.from_hf(model), 2, 32)._attention is matmul_attention
-    prompts = [torch.tensor([0, 5, 17, 42, 7]), torch.tensor([0, 88])]
+    prompts = [torch.tensor([0, 5, 17, 42, 7], device=device), torch.tensor([0, 88], device=device)]
     for row, prompt in enumerate(prompts):
         engine.prefill(row, prompt)
-    step = torch.tensor([[3, 4, 5, 6], [7, 8, 9, 10]])
+    step = torch.tensor([[3, 4, 5, 6], [7, 8, 9, 10]], device=device)
     logits = engine.forward(step)
     with torch.no_grad():
         for row, prompt in enumerate(prompts):
@@ -270,7 +271,7 @@ def test_attention_kernel_in_the_engine():
     logits = engine.forward(step, tree.depth.expand(2, 4), tree.mask.expand(2, 4, 4))
     with torch.no_grad():
         for row, (prompt, kept) in enumerate(zip(prompts, [[3, 4], [7]])):
-            history = torch.cat([prompt, torch.tensor(kept)])
+            history = torch.cat([prompt, torch.tensor(kept, device=device)])
             for node, branch in enumerate([[0], [0, 1], [0, 2], [0, 1, 3]]):
                 ref = model(torch.cat([history, step[row, branch]])[None]).logits[0, -1]
                 assert rel(logits[row, node], ref) < 1e-4, (row, node)
