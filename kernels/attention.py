@@ -145,7 +145,7 @@ if triton is not None:
         return (a + b).to(dtype)
 
     @triton.jit
-    def _prefix_block(xq, k_row, v_row, start, hi, s_ks, s_vs, m_i, l_i, acc, qk_scale,
+    def _prefix_block(xq, k_row, v_row, start, hi, s_ks, s_vs, m_i, l_i, acc, QK_SCALE: tl.constexpr,
                       HD: tl.constexpr, BLOCK_S: tl.constexpr, PRECISION: tl.constexpr):
         # One online-softmax step over cache slots [start, start + BLOCK_S) below hi. xq:
         # [BLOCK_M, HD]; k_row, v_row: slot 0 of the (row, kv head); m_i, l_i: [BLOCK_M]; acc:
@@ -154,7 +154,7 @@ if triton is not None:
         slot = start + tl.arange(0, BLOCK_S)  # [BLOCK_S]
         s_ok = slot < hi
         k = tl.load(k_row + slot[:, None] * s_ks + rd[None, :], mask=s_ok[:, None], other=0.0)
-        sc = tl.dot(xq, tl.trans(k), input_precision=PRECISION) * qk_scale  # [BLOCK_M, BLOCK_S]
+        sc = tl.dot(xq, tl.trans(k), input_precision=PRECISION) * QK_SCALE  # [BLOCK_M, BLOCK_S]
         sc = tl.where(s_ok[None, :], sc, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(sc, 1))
         alpha = tl.exp2(m_i - m_new)
@@ -166,13 +166,15 @@ if triton is not None:
     @triton.jit
     def _partials(qkv_ptr, cos_ptr, sin_ptr, k_ptr, v_ptr, len_ptr, anc_ptr, m_ptr, l_ptr, acc_ptr,
                   s_qb, s_qi, s_cb, s_ci, s_kb, s_kh, s_ks, s_vb, s_vh, s_vs, s_ab, s_ai, s_aj,
-                  S, qk_scale,
+                  S, QK_SCALE: tl.constexpr,
                   Q: tl.constexpr, G: tl.constexpr, H: tl.constexpr, HKV: tl.constexpr, HD: tl.constexpr,
                   SPLITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_Q: tl.constexpr,
                   PRECISION: tl.constexpr, COMPILED: tl.constexpr):
         # qkv: [B, Q, (H + 2 HKV) HD]; cos, sin: [B, Q, 1, HD]; k, v: [B, HKV, S, HD] (last dims
         # contiguous); len: [B] int64; anc: [B, Q, Q] int8; m, l: [B HKV, SPLITS + 1, M] fp32;
-        # acc: [B HKV, SPLITS + 1, M, HD] fp32. Scores are in log2 units (qk_scale has log2 e).
+        # acc: [B HKV, SPLITS + 1, M, HD] fp32. Scores are in log2 units (QK_SCALE has log2 e).
+        # QK_SCALE is a compile-time constant: under torch.compile a float argument arrives as
+        # fp64, and would make the scores and the loop-carried max fp64.
         split = tl.program_id(0)
         tile = tl.program_id(1)
         bh = tl.program_id(2)
@@ -202,12 +204,12 @@ if triton is not None:
                 if COMPILED:  # a for loop: software-pipelined
                     for start in range(lo, hi, BLOCK_S):
                         m_i, l_i, acc = _prefix_block(xq, k_row, v_row, start, hi, s_ks, s_vs, m_i, l_i, acc,
-                                                      qk_scale, HD, BLOCK_S, PRECISION)
+                                                      QK_SCALE, HD, BLOCK_S, PRECISION)
                 else:  # the interpreter's range() takes no tensor bounds (numpy >= 2)
                     start = lo
                     while start < hi:
                         m_i, l_i, acc = _prefix_block(xq, k_row, v_row, start, hi, s_ks, s_vs, m_i, l_i, acc,
-                                                      qk_scale, HD, BLOCK_S, PRECISION)
+                                                      QK_SCALE, HD, BLOCK_S, PRECISION)
                         start += BLOCK_S
                 tl.store(m_ptr + part, m_i, mask=r_ok)
                 tl.store(l_ptr + part, l_i, mask=r_ok)
@@ -223,7 +225,7 @@ if triton is not None:
                             mask=j_in[:, None], other=0.0)  # [BLOCK_Q, HD]
             sees = tl.load(anc_ptr + b * s_ab + i[:, None] * s_ai + j[None, :] * s_aj,
                            mask=r_ok[:, None] & fits[None, :], other=0) != 0  # [BLOCK_M, BLOCK_Q]
-            sc = tl.dot(xq, tl.trans(k_new), input_precision=PRECISION) * qk_scale
+            sc = tl.dot(xq, tl.trans(k_new), input_precision=PRECISION) * QK_SCALE
             sc = tl.where(sees, sc, float("-inf"))
             m_i = tl.max(sc, 1)  # -inf for a row that sees nothing new (padding, or past the cache)
             p = tl.exp2(sc - tl.where(m_i == float("-inf"), 0.0, m_i)[:, None])
@@ -378,7 +380,7 @@ def decode(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: tor
         qkv.stride(0), qkv.stride(1), cos.stride(0), cos.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        anc.stride(0), anc.stride(1), anc.stride(2), S, hd**-0.5 * LOG2E,
+        anc.stride(0), anc.stride(1), anc.stride(2), S, QK_SCALE=hd**-0.5 * LOG2E,
         Q=q, G=G, H=heads, HKV=kv_heads, HD=hd, SPLITS=splits, BLOCK_M=block_m, BLOCK_S=block_s,
         BLOCK_Q=max(16, _pow2(q)), PRECISION="ieee" if fp32 else "tf32",
         COMPILED=not INTERPRETED, num_warps=num_warps, **options)
