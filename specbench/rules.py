@@ -162,7 +162,8 @@ def verify_tree(
     """
     _check_impl(impl)
     if impl == "triton":
-        return _verify_tree_kernel(rule, target_probs, node_tokens, tree, generator, threshold_single, threshold_acc)
+        return _verify_trees_kernel(rule, target_probs[None], node_tokens[None], [tree], generator,
+                                    threshold_single, threshold_acc)[0]
     path, emitted = [0], []
     while True:
         node = path[-1]
@@ -180,6 +181,44 @@ def verify_tree(
         if j < 0:
             return TreeResult(path=path, tokens=emitted, tried=len(path))
         path.append(children[j])
+
+
+def verify_trees(
+    rule: str,
+    target_probs: torch.Tensor,
+    node_tokens: torch.Tensor,
+    trees: list,
+    *,
+    generator: Optional[torch.Generator] = None,
+    threshold_single: float = 1.0,
+    threshold_acc: float = 1.0,
+    impl: str = "torch",
+) -> list[TreeResult]:
+    """Walk A requests' draft trees, one per request, as `verify_tree` walks one.
+
+    target_probs: [A, q, V]; node_tokens: [A, q] (column 0 each request's root); trees: A
+    specbench.tree.TreeBuffers, request a's with m_a <= q nodes (its rows past m_a are not read).
+    impl="torch": `verify_tree` request by request, drawing from `generator` in that order.
+    impl="triton": every tree in one kernel launch (specbench.kernels.tree), the trees padded to
+    the most nodes, on coins [A, D] (D the deepest tree) and noise [A, V] drawn once for the
+    batch: the same law as the torch walk, and the same tokens under greedy, but not the same
+    draws from a seed as verifying the requests one at a time.
+    """
+    _check_impl(impl)
+    A, q = node_tokens.shape
+    if target_probs.shape[:2] != (A, q) or len(trees) != A:
+        raise ValueError(f"target_probs {tuple(target_probs.shape)}, node_tokens {(A, q)} and {len(trees)} trees "
+                         "must agree: [A, q, V], [A, q], A trees")
+    sizes = [int(t.parents.shape[0]) for t in trees]
+    if any(m > q for m in sizes):
+        raise ValueError(f"trees of {max(sizes)} nodes do not fit in q = {q} verify positions")
+    if impl == "triton":
+        return _verify_trees_kernel(rule, target_probs, node_tokens, trees, generator, threshold_single, threshold_acc)
+    return [
+        verify_tree(rule, target_probs[a, :m], node_tokens[a, :m], tree, generator=generator,
+                    threshold_single=threshold_single, threshold_acc=threshold_acc)
+        for a, (tree, m) in enumerate(zip(trees, sizes))
+    ]
 
 
 @dataclass(frozen=True)
@@ -296,8 +335,9 @@ def _verify_chain_kernel(rule, target_probs, draft_tokens, draft_probs, generato
     return VerifyResult(tokens=tokens, num_accepted=num)
 
 
-def _verify_tree_kernel(rule, target_probs, node_tokens, tree, generator, threshold_single, threshold_acc) -> TreeResult:
-    """One request's tree as a batch of one: coins [1, D] (D levels) and noise [1, V]."""
+def _verify_trees_kernel(rule, target_probs, node_tokens, trees, generator, threshold_single, threshold_acc) -> list[TreeResult]:
+    """All A requests' trees in one launch: packed [A, N] (N the most nodes, -1 padding), coins
+    [A, D] (D the deepest tree) and noise [A, V] drawn once for the batch."""
     from specbench.kernels import load
 
     kernel = load("tree", target_probs.device, "rule.impl")
@@ -305,17 +345,30 @@ def _verify_tree_kernel(rule, target_probs, node_tokens, tree, generator, thresh
         raise ValueError(f"rule={rule}: impl=triton verifies trees with {', '.join(kernel.RULES)} (SGLang's target-only walk)")
     if rule != "thresholded" and (threshold_single, threshold_acc) != (1.0, 1.0):
         raise ValueError(f"rule={rule} takes no thresholds; use rule thresholded")
-    N, V = target_probs.shape
-    D = int(tree.depth.max())
+    A, _, V = target_probs.shape
+    if A == 0:
+        return []
     device = target_probs.device
-    links = [t.to(device)[None] for t in (node_tokens, tree.next_token, tree.next_sibling)]  # 3 x [1, N]
-    if rule == "greedy":
-        uniforms, noise = torch.zeros((1, D), device=device), None
-    else:
-        uniforms, noise = kernel.draw_noise(1, D, V, generator, device)
-    out = kernel.tree_triton(
-        rule, target_probs[None].float(), *links, uniforms, noise, threshold_single=threshold_single,
-        threshold_acc=threshold_acc, max_children=int(torch.bincount(tree.parents[1:], minlength=1).max()) if N > 1 else 0,
+    # Pad on the CPU, one copy to the device: rows [A, N] of parents, depth, first child, next sibling.
+    parents, depth, first_child, next_sibling = (
+        torch.nn.utils.rnn.pad_sequence([getattr(t, f).cpu() for t in trees], batch_first=True, padding_value=-1)
+        for f in ("parents", "depth", "next_token", "next_sibling")
     )
-    a = int(out.num_accepted[0])
-    return TreeResult(path=out.path[0, : a + 1].tolist(), tokens=out.tokens[0, : a + 1].tolist(), tried=int(out.tried[0]))
+    N = parents.shape[1]
+    D = int(depth.max())
+    # Z: the most children of one node, over the batch (each request's nodes counted apart).
+    slots = (parents + N * torch.arange(A)[:, None])[parents >= 0]
+    Z = int(torch.bincount(slots, minlength=1).max())
+    links = torch.stack([first_child, next_sibling, depth]).to(device)  # [3, A, N]
+    tokens = torch.where(links[2] >= 0, node_tokens[:, :N].to(device), -1)  # padding nodes: -1
+    if rule == "greedy":
+        uniforms, noise = torch.zeros((A, D), device=device), None
+    else:
+        uniforms, noise = kernel.draw_noise(A, D, V, generator, device)
+    out = kernel.tree_triton(
+        rule, target_probs[:, :N].float(), tokens, links[0], links[1], uniforms, noise,
+        threshold_single=threshold_single, threshold_acc=threshold_acc, max_children=Z,
+    )
+    num, tried = out.num_accepted.tolist(), out.tried.tolist()
+    return [TreeResult(path=path[: a + 1], tokens=emitted[: a + 1], tried=t)
+            for path, emitted, a, t in zip(out.path.tolist(), out.tokens.tolist(), num, tried)]

@@ -3,8 +3,9 @@
 The engine holds `rows` requests at once (continuous batching: a finished request's row takes
 the next prompt). Each round drafts, for every live request, a chain of up to k tokens or a
 tree (k levels), verifies all of them and their bonus positions in one target forward [rows, q]
-(trees under their ancestor masks), accepts by the rule request by request (ragged: each keeps
-its own accepted prefix), and keeps each accepted path in the engine's KV cache. Baseline and
+(trees under their ancestor masks), accepts by the rule for all live requests in one call
+(ragged: each keeps its own accepted prefix; with rule.impl=triton one kernel launch for the
+batch, chains or trees), and keeps each accepted path in the engine's KV cache. Baseline and
 speculation share this loop, its clocks and its token counting (k = 0 is the baseline).
 
 Letters: B engine rows, A live requests, q inputs per row, k draft depth, M draft nodes, V vocabulary.
@@ -22,7 +23,7 @@ import torch.nn.functional as F
 
 from specbench.drafters.base import DraftState, Drafter
 from specbench.metrics import RequestRecord, RoundClock, SpecStats
-from specbench.rules import NEEDS_DRAFT_PROBS, verify_chain, verify_tree
+from specbench.rules import NEEDS_DRAFT_PROBS, verify_chain, verify_trees
 from specbench.sampling import SamplingParams, probs_from_logits, sample
 from specbench.tree import compile_tree, with_root
 
@@ -196,9 +197,13 @@ def decode_requests(
         if spec is None:
             last = _next_token(probs[:, 0], params, generator).tolist()
             rounds = [Round([t], 0, 0, 0, [0]) for t in last]
-        elif trees:
-            rounds = [_verify_tree(spec, rule, probs[j], tokens[row], trees[row], generator)
-                      for j, row in enumerate(rows)]
+        elif trees:  # every live request's tree in one call (impl=triton: one kernel launch)
+            live_trees = [trees[row] for row in rows]
+            results = verify_trees(
+                rule, probs, tokens[rows].to(probs.device), live_trees, generator=generator, impl=spec.impl,
+                **(spec.rule_params if rule == "thresholded" else {}),
+            )
+            rounds = [_verify_tree(tree, result) for tree, result in zip(live_trees, results)]
         elif hasattr(spec.drafter, "forced_acceptance"):
             rounds = _forced(spec.drafter, probs, tokens[rows], num, params, generator)
         else:
@@ -244,13 +249,9 @@ def _verify_chain(spec, rule, probs, proposal, num, generator) -> list[Round]:
     return [Round(t[: a + 1], m, a, min(a + 1, m), list(range(a + 1))) for t, a, m in zip(tokens, accepted, num)]
 
 
-def _verify_tree(spec, rule, probs, step, tree, generator) -> Round:
-    """One request: probs [q, V] under its tree mask; step [q] the root then the draft nodes."""
+def _verify_tree(tree, result) -> Round:
+    """One request's walk as its round: the tree's m nodes are the root and m - 1 drafts."""
     m = tree.parents.shape[0]
-    result = verify_tree(
-        rule, probs[:m], step[:m].to(probs.device), tree, generator=generator, impl=spec.impl,
-        **(spec.rule_params if rule == "thresholded" else {}),
-    )
     return Round(result.tokens, m - 1, result.num_accepted, result.tried, result.path)
 
 

@@ -30,8 +30,8 @@ from specbench.config import ConfigError, NgramConfig, register, validate
 from specbench.drafters.base import DraftState
 from specbench.drafters.ngram import NgramDrafter, ngram_propose_batch
 from specbench.distcheck import power
-from specbench.rules import verify_chain, verify_tree
-from specbench.tree import compile_tree
+from specbench.rules import verify_chain, verify_tree, verify_trees
+from specbench.tree import chain_parents, compile_tree, with_root
 
 ROOT = Path(__file__).resolve().parents[1]
 HAS_TRITON = importlib.util.find_spec("triton") is not None
@@ -269,6 +269,143 @@ def test_tree_reference_is_lossless_and_accepts_the_candidates_mass():
     assert abs(out.num_accepted.double().mean().item() - 0.75) < 0.005
     relaxed = ktree.tree_torch("thresholded", P.expand(N, 4, 6), *links, uniforms, noise, threshold_acc=0.5)
     assert (relaxed.num_accepted == 1).all() and chi2_pvalue(relaxed.tokens[:, 0], P) < 1e-100
+
+
+def ragged_trees():
+    """One batch of different trees: sizes 7, 5, 1, 5, 9 and depths 3, 4, 0, 1, 5."""
+    return [
+        compile_tree(torch.tensor([-1, 0, 0, 1, 1, 2, 4])),  # bushy: two children at the root and at node 1
+        compile_tree(with_root(chain_parents(4))),  # a chain of 4 drafts
+        compile_tree(torch.tensor([-1])),  # the root alone: nothing proposed
+        compile_tree(torch.tensor([-1, 0, 0, 0, 0])),  # 4 siblings and nothing below
+        sglang_tree(),
+    ]
+
+
+def ragged_inputs(trees, V, seed, scale=3.0):
+    """p [A, q, V] and node tokens [A, q] for trees of m_a <= q nodes: each child is its parent's
+    argmax with probability 0.6, else drawn from p there (greedy accepts along some paths and
+    refuses others). Rows and tokens past m_a are random: never read."""
+    A, q = len(trees), max(t.parents.shape[0] for t in trees)
+    g = torch.Generator(DEVICE).manual_seed(seed)
+    p = torch.softmax(torch.randn(A, q, V, generator=g, device=DEVICE) * scale, -1)
+    tokens = torch.randint(0, V, (A, q), generator=g, device=DEVICE)
+    for a, t in enumerate(trees):
+        for i in range(1, t.parents.shape[0]):
+            parent = p[a, int(t.parents[i])]
+            drawn = torch.multinomial(parent, 1, generator=g)[0]
+            argmax = torch.rand((), generator=g, device=DEVICE) < 0.6
+            tokens[a, i] = parent.argmax() if argmax else drawn
+    return p, tokens
+
+
+@needs_triton
+def test_verify_trees_greedy_is_the_walk_request_by_request():
+    """One launch for a batch of different trees (a chain, the root alone, siblings only, the
+    SGLang shape) gives each request what verify_tree gives it alone, in both impls."""
+    trees = ragged_trees()
+    accepted = set()
+    for seed in range(3):
+        p, tokens = ragged_inputs(trees, 64, seed)
+        batched = verify_trees("greedy", p, tokens, trees, impl="triton")
+        reference = verify_trees("greedy", p, tokens, trees)
+        assert len(batched) == len(trees)
+        for a, (t, out, ref) in enumerate(zip(trees, batched, reference)):
+            m = t.parents.shape[0]
+            alone = verify_tree("greedy", p[a, :m], tokens[a, :m], t, impl="triton")
+            assert (out.path, out.tokens, out.tried) == (ref.path, ref.tokens, ref.tried), (seed, a)
+            assert (alone.path, alone.tokens, alone.tried) == (ref.path, ref.tokens, ref.tried), (seed, a)
+            accepted.add(out.num_accepted)
+    assert {0, 1} <= accepted and max(accepted) >= 3  # refusals, and walks deep into a tree
+
+
+def half_on_the_children(trees, V, seed):
+    """p [A, q, V] and node tokens [A, q] where every node with children gives them half its
+    mass, evenly, over distinct tokens: a level is refused half the time, and the closing draw
+    lands on a refused child unless every one of them is zeroed."""
+    A, q = len(trees), max(t.parents.shape[0] for t in trees)
+    g = torch.Generator(DEVICE).manual_seed(seed)
+    p = torch.softmax(torch.randn(A, q, V, generator=g, device=DEVICE), -1)
+    tokens = torch.randint(0, V, (A, q), generator=g, device=DEVICE)
+    for a, t in enumerate(trees):
+        for node in range(t.parents.shape[0]):
+            children = t.children(node)
+            if children:
+                picks = torch.randperm(V, generator=g, device=DEVICE)[: len(children)]
+                tokens[a, children] = picks
+                p[a, node] *= 0.5
+                p[a, node, picks] += 0.5 / len(children)
+    return p, tokens
+
+
+@needs_triton
+@pytest.mark.parametrize("rule", ["target_only", "thresholded"])
+def test_verify_trees_draws_once_for_the_batch_and_pads_nothing_in(rule):
+    """Sampled: verify_trees(impl="triton") draws coins [A, D] and noise [A, V] once from the
+    generator; request a then gets exactly the torch reference walk of its own unpadded tree on
+    row a of those draws (its first D_a coins). Padding to the largest tree and the deepest
+    level changes nothing, and every refused sibling is zeroed (the batch's max_children)."""
+    trees = ragged_trees() * 3
+    kw = dict(threshold_acc=0.8, threshold_single=0.3) if rule == "thresholded" else {}  # refuses when u > 0.625
+    V, A = 96, len(trees)
+    D = max(int(t.depth.max()) for t in trees)
+    refused = 0
+    for seed in range(2):
+        p, tokens = half_on_the_children(trees, V, seed)
+        out = verify_trees(rule, p, tokens, trees, generator=torch.Generator(DEVICE).manual_seed(seed), impl="triton", **kw)
+        uniforms, noise = ktree.draw_noise(A, D, V, torch.Generator(DEVICE).manual_seed(seed), DEVICE)
+        for a, t in enumerate(trees):
+            m, D_a = t.parents.shape[0], int(t.depth.max())
+            links = [x.to(DEVICE)[None] for x in (t.next_token, t.next_sibling)]
+            ref = ktree.tree_torch(rule, p[a : a + 1, :m], tokens[a : a + 1, :m], *links,
+                                   uniforms[a : a + 1, :D_a], noise[a : a + 1], **kw)
+            n = int(ref.num_accepted[0])
+            assert out[a].path == ref.path[0, : n + 1].tolist(), (rule, seed, a)
+            assert out[a].tokens == ref.tokens[0, : n + 1].tolist(), (rule, seed, a)
+            assert out[a].tried == int(ref.tried[0]), (rule, seed, a)
+            refused += out[a].tried > out[a].num_accepted
+    assert refused >= 5
+
+
+@needs_triton
+def test_verify_trees_kernel_draws_p_in_a_batch_of_different_trees():
+    """target_only over n requests in one launch, cycling through the 5 trees of ragged_trees
+    with the write-up's toy p at every node (seed 14): the first emitted token is distributed as
+    p, as the torch walk's is (test_tree_reference_is_lossless_and_accepts_the_candidates_mass),
+    whatever the tree. n = N on a GPU; n = 300 in the interpreter (a tree program costs it
+    20-40 ms), which detects a TV shift of 0.2 with power 0.997 (0.86 at 0.15). The first level
+    is accepted with the mass of the root's children, 0.35, 0.25, 0, 0.9, 0.9 by tree: the mean
+    is checked to 5 standard deviations."""
+    n = N if CUDA else 300
+    assert power(n, 0.2, 1e-3, 6) > 0.99
+    shapes = ragged_trees()
+    trees = [shapes[a % len(shapes)] for a in range(n)]
+    labels = torch.tensor([0, 1, 3, 0, 2, 5, 4, 1, 2])  # node i's token; siblings differ in every tree
+    out = verify_trees("target_only", P.to(DEVICE).expand(n, 9, 6), labels.to(DEVICE).expand(n, 9), trees,
+                       generator=torch.Generator(DEVICE).manual_seed(14), impl="triton")
+    first = torch.tensor([r.tokens[0] for r in out])
+    assert chi2_pvalue(first, P) > 1e-3
+    by_shape = torch.tensor([float(P[labels[t.children(0)]].sum()) if t.children(0) else 0.0 for t in shapes],
+                            dtype=torch.float64)
+    assert by_shape.tolist() == pytest.approx([0.35, 0.25, 0.0, 0.9, 0.9])
+    mass = by_shape[torch.arange(n) % len(shapes)]
+    accepted = torch.tensor([r.num_accepted >= 1 for r in out], dtype=torch.float64)
+    assert abs(accepted.mean() - mass.mean()) < 5 * (mass * (1 - mass)).sum().sqrt() / n
+
+
+@needs_triton
+def test_verify_trees_checks_what_it_is_given():
+    trees = ragged_trees()
+    p, tokens = ragged_inputs(trees, 32, seed=0)
+    with pytest.raises(ValueError, match="must agree"):
+        verify_trees("greedy", p, tokens, trees[:-1], impl="triton")
+    with pytest.raises(ValueError, match="do not fit"):
+        verify_trees("greedy", p[:, :5], tokens[:, :5], trees, impl="triton")
+    with pytest.raises(ValueError, match=r"^rule=onehot: impl=triton verifies trees with target_only"):
+        verify_trees("onehot", p, tokens, trees, impl="triton")
+    with pytest.raises(ValueError, match="takes no thresholds"):
+        verify_trees("target_only", p, tokens, trees, impl="triton", threshold_acc=0.5)
+    assert verify_trees("greedy", p[:0], tokens[:0], [], impl="triton") == []
 
 
 # --- n-gram -----------------------------------------------------------------------------------

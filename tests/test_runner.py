@@ -4,9 +4,10 @@ import pytest
 import torch
 
 from conftest import ScriptedDrafter
+from specbench.drafters.base import DraftProposal, DraftState
 from specbench.engines.hf import HFEngine
-from specbench.metrics import SpecStats
-from specbench.runner import Speculation, decode
+from specbench.metrics import RoundClock, SpecStats
+from specbench.runner import Speculation, decode, decode_requests
 from specbench.sampling import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -65,3 +66,105 @@ def test_sampled_speculation_is_well_formed(tiny_model):
     assert 1 <= len(out.tokens) <= 40 and all(0 <= t < 96 for t in out.tokens)
     assert (1 in out.tokens) == (out.tokens[-1] == 1)  # EOS only ever last
     assert sum(out.accepted) == stats.accepted and sum(out.drafted) == stats.drafted
+
+
+# --- trees verified in one call ----------------------------------------------------------------
+
+
+class BigramEngine:
+    """A batched stand-in target for the runner: the logits after a token are a fixed random row
+    of that token alone, so a tree node's logits need no cache and no mask, in any number of
+    rows (engine=hf runs one; this keeps the runner's tests off engines/native.py)."""
+
+    feature_layers = ()
+    device = torch.device("cpu")
+
+    def __init__(self, rows: int, vocab: int = 96, seed: int = 0):
+        self.rows = rows
+        self.table = torch.randn(vocab, vocab, generator=torch.Generator().manual_seed(seed)) * 4.0
+
+    def prefill(self, row: int, prompt: torch.Tensor) -> torch.Tensor:
+        return self.table[prompt[-1]]
+
+    def forward(self, tokens: torch.Tensor, depth=None, ancestors=None) -> torch.Tensor:
+        return self.table[tokens]
+
+    def advance(self, keep: list) -> None:
+        pass
+
+
+RAGGED = [torch.tensor(p) for p in ([0, 5, 17, 42, 7, 9, 5, 17], [0, 12, 13, 12, 13, 12], [0, 7, 7, 7, 7, 7, 7], [0, 3])]
+
+
+class OracleTreeDrafter:
+    """A tree per request: at each of a random number of levels (0..k, so some requests propose
+    nothing) the request's reference token, corrupted with probability `noise`, beside a decoy
+    sibling in random order; the next level hangs under the reference token. Trees differ in
+    size and depth between the requests of a round."""
+
+    name = "oracle-tree"
+
+    def __init__(self, prompts, references, noise: float, seed: int = 0):
+        self.prompts, self.references, self.noise = prompts, references, noise
+        self.g = torch.Generator().manual_seed(seed)
+
+    def _token(self, avoid: int = -1) -> int:
+        x = int(torch.randint(2, 96, (), generator=self.g))
+        return x if x != avoid else 2 + (x - 1) % 94
+
+    def propose(self, state: DraftState) -> DraftProposal:
+        B, M = len(state.tokens), 2 * state.k
+        tokens = torch.full((B, M), -1, dtype=torch.long)
+        parents = torch.zeros((B, M), dtype=torch.long)
+        num = torch.zeros(B, dtype=torch.long)
+        for b, (i, history) in enumerate(zip(state.request_ids, state.tokens)):
+            done = history.shape[0] - self.prompts[i].shape[0]
+            truth = self.references[i][done : done + state.k]
+            parent = 0  # tree node of the reference token above; draft column c is tree node c + 1
+            for level in range(int(torch.randint(0, len(truth) + 1, (), generator=self.g))):
+                good = truth[level] if float(torch.rand((), generator=self.g)) >= self.noise else self._token()
+                pair = [good, self._token(avoid=good)]
+                if float(torch.rand((), generator=self.g)) < 0.5:
+                    pair.reverse()
+                c = int(num[b])
+                tokens[b, c : c + 2] = torch.tensor(pair)
+                parents[b, c : c + 2] = parent
+                parent = c + 1 + pair.index(good)
+                num[b] += 2
+        return DraftProposal(tokens=tokens, num_tokens=num, parents=parents)
+
+
+def test_tree_rounds_verify_every_request_in_one_launch(monkeypatch):
+    """Four prompts through 3 engine rows (a finished row takes the next prompt), tree drafts of
+    different sizes per request: greedy decoding with rule.impl=torch and rule.impl=triton gives
+    the baseline tokens, and the triton tree kernel is launched once per round for all the live
+    requests (never once per request); a sampled run launches once per round too."""
+    pytest.importorskip("triton", reason="the dev extra installs triton on Linux")
+    from specbench.kernels import tree as ktree
+
+    def decode_all(spec, params=GREEDY, stats=None):
+        clock = RoundClock()
+        records = decode_requests(BigramEngine(rows=3), RAGGED, params=params, max_new_tokens=16,
+                                  eos_ids=EOS, generator=torch.Generator().manual_seed(0), spec=spec, stats=stats, clock=clock)
+        return [r.tokens for r in records], clock.steps, sum(len(r.drafted) for r in records)
+
+    baseline, _, _ = decode_all(None)
+    launches = []  # the batch size of each tree kernel launch
+    launch = ktree.launch
+    monkeypatch.setattr(ktree, "launch", lambda *args, **kw: launches.append(args[1].shape[0]) or launch(*args, **kw))
+    for impl in ("torch", "triton"):
+        launches.clear()
+        stats = SpecStats(3)
+        spec = Speculation(OracleTreeDrafter(RAGGED, baseline, noise=0.3), "target_only", 3, topk=2, num_draft_tokens=7, impl=impl)
+        tokens, rounds, request_rounds = decode_all(spec, stats=stats)
+        assert tokens == baseline, impl
+        assert 0 < stats.accepted < stats.drafted
+        if impl == "torch":
+            assert launches == []
+        else:
+            assert len(launches) == rounds and sum(launches) == request_rounds and max(launches) == 3
+    launches.clear()
+    spec = Speculation(OracleTreeDrafter(RAGGED, baseline, noise=0.3), "target_only", 3, topk=2, num_draft_tokens=7, impl="triton")
+    tokens, rounds, request_rounds = decode_all(spec, params=SamplingParams(temperature=0.8))
+    assert all(1 <= len(t) <= 16 and all(0 <= x < 96 for x in t) for t in tokens)
+    assert len(launches) == rounds < request_rounds and max(launches) == 3
