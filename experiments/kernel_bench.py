@@ -1,7 +1,7 @@
 """Issue 7: the Triton verification and n-gram kernels against the memory-bandwidth floor and
 against their torch references.
 
-    python experiments/kernel_bench.py OUT [--kernels chain,tree,ngram,tune] [--tiny]
+    python experiments/kernel_bench.py OUT [--kernels chain,tree,ngram,tune,attention] [--tiny]
 
 Grid. chain: B in {1, 8, 48, 256} x k in {1, 4, 8} x V in {49152, 128256, 151936}, fp32
 probabilities, rules standard, onehot and greedy. tree: SGLang's default shape (topk 4, depth 5,
@@ -9,6 +9,12 @@ probabilities, rules standard, onehot and greedy. tree: SGLang's default shape (
 target_only and greedy. ngram: B in {1, 8, 48, 256} x T in {1024, 4096}, n in 2..5, k = 8.
 tune (at the goal shape B = 256, k = 8, V = 128256, standard): the kernel over a few launch
 shapes (tile width, warps, programs per request), to pick the defaults on a new GPU.
+attention (issue 6; not in the default list): specbench.kernels.attention.decode against the
+engine's torch composition, one layer of Llama-3.1-8B (32 query heads, 8 key/value heads, hd
+128, bf16), B in {1, 8, 48} x q in {1, 9} x S in {512, 4096} cached tokens, each side replayed
+from a CUDA graph; its floor: the cache prefix read once, the new entries written, qkv and o.
+"equal" there means o within 2e-2 of the reference relative to its largest entry (bf16; the
+reference rounds its scores to bf16, the kernel does not).
 
 Inputs. p = softmax(3 z), q = softmax(3 z') with independent Gaussian z, z' per position; a
 draft is the argmax of p with probability 0.7, else a draw from q. So greedy accepts about 0.7
@@ -67,13 +73,16 @@ if not torch.cuda.is_available():  # the interpreter: chosen when triton is firs
 from engine_bench import copy_bandwidth, median_ms  # noqa: E402  (experiments/ is on sys.path as a script)
 from specbench import provenance  # noqa: E402
 from specbench.drafters.ngram import ngram_propose_batch  # noqa: E402
-from specbench.kernels import chain, ngram, tree  # noqa: E402
+from specbench.kernels import attention, chain, ngram, tree  # noqa: E402
 from specbench.tree import compile_tree  # noqa: E402
 
 GRID_B = (1, 8, 48, 256)
 GRID_K = (1, 4, 8)
 GRID_V = (49152, 128256, 151936)
 GRID_T = (1024, 4096)
+# attention (Llama-3.1-8B's heads): batch x positions x cached context
+ATTENTION = dict(heads=32, kv_heads=8, head_dim=128)
+GRID_ATTENTION = [(B, q, S) for S in (512, 4096) for B in (1, 8, 48) for q in (1, 9)]
 GOAL = dict(B=256, k=8, V=128256)
 SGLANG_TREE = [-1, 0, 0, 0, 0, 1, 5, 6, 7]  # topk 4, depth 5, 8 draft tokens + the root
 FLUSH_BYTES = 512 * 2**20
@@ -215,6 +224,53 @@ def bench_ngram(B, T, device, measure, k=8, min_n=2, max_n=5) -> dict:
                 torch_ms=torch_ms, floor_bytes=int(lengths.sum()) * 8 + B * 8 + B * (k + 1) * 8)
 
 
+# --- decode attention (specbench.kernels.attention) ------------------------------------------
+
+
+def attention_inputs(B, q, S, device, dtype, seed=0):
+    """One layer at Llama-3.1-8B's heads: qkv [B, q, 48 x 128], RoPE tables, a cache of S + q + 1
+    slots holding S random entries per row, chain ancestors."""
+    H, Hkv, hd = ATTENTION.values()
+    g = torch.Generator(device).manual_seed(seed)
+    qkv = torch.randn(B, q, (H + 2 * Hkv) * hd, device=device, generator=g).to(dtype)
+    angles = torch.rand(B, q, 1, hd, device=device, generator=g) * 6.28
+    cache = torch.randn(2, B, Hkv, S + q + 1, hd, device=device, generator=g).to(dtype)
+    lengths = torch.full((B,), S, dtype=torch.int64, device=device)
+    ancestors = torch.ones(q, q, dtype=torch.bool, device=device).tril().expand(B, q, q)
+    return qkv, angles.cos().to(dtype), angles.sin().to(dtype), cache[0], cache[1], lengths, ancestors
+
+
+def bench_attention(B, q, S, device, measure) -> dict:
+    """decode() against reference() (the engine's torch path: RoPE, index_put, two matmuls and
+    an fp32 softmax), each inside a CUDA graph on the GPU as the engine runs them. The floor:
+    the cache prefix read once (K and V), q new entries written, qkv read and o written."""
+    H, Hkv, hd = ATTENTION.values()
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    qkv, cos, sin, k, v, lengths, ancestors = attention_inputs(B, q, S, device, dtype)
+    mask = attention.mask(lengths, ancestors, k.shape[2], H // Hkv)
+    args = (qkv, cos, sin, k, v, lengths, ancestors, H, Hkv)
+    ref = attention.reference(*args, mask=mask)
+    out = attention.decode(*args)
+    err = float((out.float() - ref.float()).abs().max() / ref.float().abs().max())
+
+    def graphed(fn):
+        if device.type != "cuda":
+            return fn
+        fn()
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        return graph.replay
+
+    kernel_ms = measure(graphed(lambda: attention.decode(*args)))
+    torch_ms = measure(graphed(lambda: attention.reference(*args, mask=mask)))
+    size = qkv.element_size()
+    floor = (2 * B * Hkv * S * hd + 2 * B * Hkv * q * hd + qkv.numel() + B * q * H * hd) * size
+    return dict(kernel="attention", rule="decode", B=B, shape=f"q={q},S={S}", q=q, S=S, V=0, equal=err < 2e-2,
+                max_rel_err=err, kernel_ms=kernel_ms, torch_ms=torch_ms, floor_bytes=floor)
+
+
 # --- the run ----------------------------------------------------------------------------------
 
 
@@ -276,6 +332,9 @@ def main(argv=None) -> int:
         for T in ((32,) if args.tiny else GRID_T):
             for B in Bs:
                 attempt(results, args.out, lambda: bench_ngram(B, T, device, measure, k=4 if args.tiny else 8))
+    if "attention" in parts:
+        for B, q, S in [(2, 3, 40)] if args.tiny else GRID_ATTENTION:
+            attempt(results, args.out, lambda: bench_attention(B, q, S, device, measure))
     if "tune" in parts and not args.tiny:
         inputs = chain_inputs(GOAL["B"], GOAL["k"], GOAL["V"], device)
         for block_v in (1024, 2048, 4096):

@@ -58,6 +58,15 @@ def real_table(rows: pd.DataFrame) -> pd.DataFrame:
     return runs[[c for c in cols if c in runs.columns]].sort_values(REAL).reset_index(drop=True)
 
 
+def fit_table(rows: pd.DataFrame) -> pd.DataFrame:
+    """measured / predicted speedup of the real-weight runs by batch size (valid baselines only)."""
+    runs = real_table(rows)
+    runs = runs[~runs.baseline_stalled & runs.predicted_speedup.notna()]
+    ratio = (runs.speedup / runs.predicted_speedup).groupby(runs.batch_size)
+    return pd.DataFrame({"runs": ratio.size(), "min": ratio.min(), "median": ratio.median(),
+                         "max": ratio.max()}).reset_index()
+
+
 def sampling_table(rows: pd.DataFrame) -> pd.DataFrame:
     """draft_model at temperature 0.7, greedy against probabilistic drafting: acceptance and
     peak memory, beside the bytes of q that probabilistic drafting keeps (B x k x V fp32)."""
@@ -88,6 +97,7 @@ def main(out: Path, bench: Path | None) -> int:
     pd.set_option("display.width", 250)
     pd.set_option("display.max_columns", 40)
     for title, table in (("c. synthetic control", synthetic_table(rows)), ("d. real weights", real_table(rows)),
+                         ("e. cost model: measured / predicted speedup by batch size", fit_table(rows)),
                          ("d. greedy vs probabilistic drafting (draft_model, T = 0.7)", sampling_table(rows))):
         if table.empty:
             continue

@@ -133,14 +133,13 @@ def expected_tokens_from_positions(accept_pos):
 
 
 def predicted_speedup(tau, k, c, r=1.0, p=0.0):
-    """speedup = (tau + p) / (k c + r + p): tau tokens per round against a round costing k draft
-    steps of c target decode steps each plus one verify forward of r decode steps; p is the
-    other requests' prefills per round (in decode steps), which stall every round of a batch
-    and so weigh on both sides (0 at batch 1). Broadcasts; a float for scalar inputs.
-    e.g. tau 1.75, k 2, c 0.1, r 1 -> 1.75 / 1.2 = 1.4583; with p 1 -> 2.75 / 2.2 = 1.25."""
+    """speedup = tau / (k c + r + p): tau tokens per round against a round costing k draft
+    steps of c target decode steps each, one verify forward of r decode steps, and p decode
+    steps of other requests' prefills (0 at batch 1). Broadcasts; a float for scalar inputs.
+    e.g. tau 1.75, k 2, c 0.1, r 1 -> 1.75 / 1.2 = 1.4583; with p 1 -> 1.75 / 2.2 = 0.7955."""
     tau, k, c, r, p = (np.asarray(x, dtype=float) for x in (tau, k, c, r, p))
     with np.errstate(divide="ignore", invalid="ignore"):
-        return _scalar((tau + p) / (k * c + r + p))
+        return _scalar(tau / (k * c + r + p))
 
 
 def verify_positions(frame: pd.DataFrame) -> pd.Series:
@@ -186,12 +185,15 @@ def cost_model(df: pd.DataFrame, verify_curve=None) -> pd.DataFrame:
         r_measured        = verify_ms / baseline_tpot_ms         verify forward / decode step
         o_measured        = other_ms / baseline_tpot_ms          rules and bookkeeping / decode step
         p_measured        = prefill_ms / baseline_tpot_ms        prefills per round / decode step
-        predicted_speedup = (tau + p) / (k * c_measured + r + o_measured + p)
+        predicted_speedup = tau / (k * c_measured + r + o_measured + p)
 
 with tau = tokens_per_round. p is the prefill term of continuous batching: a request's TPOT
-holds the prefills of the requests admitted while it decodes, the same total time in the
-baseline as with speculation but spread over tau times as many rounds there, so it adds p per
-round to both sides. At batch 1 a TPOT holds no prefill and p = 0.
+holds the prefills of the requests admitted while it decodes. Over N tokens a request waits
+for the same prefill time P with or without speculation, so the baseline's TPOT is
+t1 = s + P/N (s its step), and speculation's is (round + P/R) / tau with R = N / tau rounds:
+speedup = tau t1 / (round + P/R), where P/R = prefill_ms, the run's prefill time per round.
+The baseline's share is already in t1, so p appears in the denominator only. At batch 1 a
+TPOT holds no prefill and p = 0.
 
     with r = r_measured, or, where `verify_curve` is given (see verify_ratio: q -> t(q)/t(1)
     from a separate verify-cost benchmark, optionally per batch_size), r = the curve at

@@ -319,7 +319,7 @@ def measured_speedup(frame: pd.DataFrame) -> pd.Series:
 
 def cost_model_figure(frame: pd.DataFrame, verify_curve=None, rates: Sequence[float] = SYNTHETIC_RATES,
                       c: float | None = None) -> Figure:
-    """Left: measured speedup against analysis.cost_model's prediction tau / (k c + r), one
+    """Left: measured speedup against analysis.cost_model's prediction tau / (k c + r + o + p), one
     point per speculative run (colour and marker per drafter), with y = x and a +-10 % band.
     Right: the synthetic control's measured speedup against k at a in `rates`, beside the
     formula (see synthetic_speedup_panel). NoData where neither panel has rows."""
@@ -329,7 +329,7 @@ def cost_model_figure(frame: pd.DataFrame, verify_curve=None, rates: Sequence[fl
     drawn = cost_scatter_panel(left, runs) + synthetic_speedup_panel(right, runs, verify_curve, rates, c)
     if not drawn:
         raise NoData("no speculative decode runs with draft_ms / verify_ms / baseline_tpot_ms or synthetic runs")
-    fig.suptitle(f"Cost model: speedup = tau / (k c + r(k+1))\n{_context(runs)}", fontsize=10)
+    fig.suptitle(f"Cost model: speedup = tau / (k c + r + o + p)\n{_context(runs)}", fontsize=10)
     return fig
 
 
@@ -362,7 +362,7 @@ def cost_scatter_panel(ax, runs: pd.DataFrame) -> int:
     ax.fill_between(line, 0.9 * line, 1.1 * line, color="0.5", alpha=0.2, lw=0, label="±10 %")
     ax.set_xlim(low, high)
     ax.set_ylim(low, high)
-    ax.set_xlabel("predicted speedup, tau / (k c + r) (x)")
+    ax.set_xlabel("predicted speedup, tau / (k c + r + o + p) (x)")
     ax.set_ylabel("measured speedup (baseline TPOT / TPOT, x)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
