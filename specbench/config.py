@@ -48,8 +48,9 @@ class EngineConfig:
     # shape (slower to start; the fastest batch-1 decode measured, results/2026-12-03-h200-runner)
     compile_mode: Optional[str] = None
     compile_scope: str = "layer"  # layer: one decoder layer's graph serves all; model: the whole forward
-    # native on CUDA: one-row projections through specbench.kernels.gemv, with the norms, the MLP
-    # activation and the residual adds folded in (needs triton)
+    # native on CUDA: decode and verify through Triton kernels (needs triton): one-row projections
+    # with the norms, the MLP activation and the residual adds folded in (specbench.kernels.gemv),
+    # and RoPE + cache write + attention in one kernel (specbench.kernels.attention)
     kernels: bool = False
     # vllm / sglang: GPUs the target is sharded over (vLLM tensor_parallel_size, SGLang tp_size),
     # for targets too big for one GPU; native and hf run on one device.
