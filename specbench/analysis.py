@@ -184,16 +184,18 @@ def cost_model(df: pd.DataFrame, verify_curve=None) -> pd.DataFrame:
         c_measured        = draft_ms / (k * baseline_tpot_ms)    draft step / target decode step
         r_measured        = verify_ms / baseline_tpot_ms         verify forward / decode step
         o_measured        = other_ms / baseline_tpot_ms          rules and bookkeeping / decode step
-        p_measured        = prefill_ms / baseline_tpot_ms        prefills per round / decode step
+        p_measured        = prefill_wait_ms / baseline_tpot_ms   prefills waited per round / decode step
         predicted_speedup = tau / (k * c_measured + r + o_measured + p)
 
 with tau = tokens_per_round. p is the prefill term of continuous batching: a request's TPOT
 holds the prefills of the requests admitted while it decodes. Over N tokens a request waits
 for the same prefill time P with or without speculation, so the baseline's TPOT is
 t1 = s + P/N (s its step), and speculation's is (round + P/R) / tau with R = N / tau rounds:
-speedup = tau t1 / (round + P/R), where P/R = prefill_ms, the run's prefill time per round.
-The baseline's share is already in t1, so p appears in the denominator only. At batch 1 a
-TPOT holds no prefill and p = 0.
+speedup = tau t1 / (round + P/R). P/R is the row's prefill_wait_ms: per request, the prefills
+admitted between its first and last token over its rounds, the median over requests (older rows
+without it fall back to prefill_ms, all of the run's prefills per round, which over-counts: a
+request admitted early waits for the later admissions only). The baseline's share is already in
+t1, so p appears in the denominator only. At batch 1 a TPOT holds no prefill and p = 0.
 
     with r = r_measured, or, where `verify_curve` is given (see verify_ratio: q -> t(q)/t(1)
     from a separate verify-cost benchmark, optionally per batch_size), r = the curve at
@@ -211,7 +213,9 @@ TPOT holds no prefill and p = 0.
     out["r_measured"] = (_numeric(out, "verify_ms") / t1).where(k.notna())
     out["o_measured"] = (_numeric(out, "other_ms").fillna(0.0) / t1).where(k.notna())  # 0 for rows before it
     batched = _numeric(out, "batch_size").fillna(1.0) > 1
-    prefill = _numeric(out, "prefill_ms").fillna(0.0).where(batched, 0.0)
+    # The prefills one request waits for per round (rows since prefill_wait_ms), else every
+    # prefill of the run per round (older rows: an upper bound, as not every request waits for all).
+    prefill = _numeric(out, "prefill_wait_ms").fillna(_numeric(out, "prefill_ms")).fillna(0.0).where(batched, 0.0)
     out["p_measured"] = (prefill / t1).where(k.notna())
     r = out["r_measured"]
     if verify_curve is not None:

@@ -81,6 +81,7 @@ class RequestRecord:
     decode_s: float  # first token out -> last token out
     drafted: list = field(default_factory=list)  # per round
     accepted: list = field(default_factory=list)  # per round
+    prefill_wait_s: float = 0.0  # other requests' prefills run between its first and last token
 
     @property
     def rounds(self) -> int:
@@ -121,5 +122,8 @@ def summarize(records: list, stats: SpecStats, wall_s: float, clock: Optional[Ro
         # Prefill time per batched round: at batch > 1 a new request's prefill stalls the others
         # (continuous batching), a cost the per-round split above does not hold.
         "prefill_ms": clock.per_step_ms(sum(r.ttft_s for r in records)),
+        # What one request waits for: the prefills admitted while it decodes, per round of its
+        # own, the median over requests (as tpot_ms is): the cost model's prefill term.
+        "prefill_wait_ms": _median_ms(r.prefill_wait_s / r.rounds if r.rounds else None for r in records),
         "wall_s": wall_s,
     }

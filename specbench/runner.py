@@ -66,6 +66,7 @@ class _Request:
     n: int  # tokens in history; the engine holds n - 1 of them
     t0: float
     ttft_s: float = 0.0
+    prefill_mark: float = 0.0  # the batch's prefill clock when this request's first token came out
     generated: list = field(default_factory=list)
     drafted: list = field(default_factory=list)
     accepted: list = field(default_factory=list)
@@ -80,6 +81,7 @@ class _Batch:
         self.room_extra = room_extra
         self.queue = deque(range(len(prompts)))
         self.live: dict[int, _Request] = {}  # row -> request
+        self.prefill_s = 0.0  # every admission's prefill time so far: what live requests wait for
 
     def admit(self, row: int) -> None:
         """Prefill the next prompt into `row` and emit its first token."""
@@ -101,6 +103,8 @@ class _Batch:
         first = int(_next_token(probs_from_logits(logits[None], self.params), self.params, self.generator)[0])
         _synchronize(self.engine.device)
         r.ttft_s = time.perf_counter() - t0
+        self.prefill_s += r.ttft_s
+        r.prefill_mark = self.prefill_s
         history[T] = first
         r.generated.append(first)
         self.live[row] = r
@@ -137,7 +141,7 @@ def decode_requests(
         records[r.index] = RequestRecord(
             prompt_id=prompt_ids[r.index] if prompt_ids else str(r.index), prompt_tokens=r.prompt_tokens,
             tokens=r.generated, ttft_s=r.ttft_s, decode_s=time.perf_counter() - r.t0 - r.ttft_s,
-            drafted=r.drafted, accepted=r.accepted,
+            drafted=r.drafted, accepted=r.accepted, prefill_wait_s=batch.prefill_s - r.prefill_mark,
         )
         if spec is not None and hasattr(spec.drafter, "release"):
             spec.drafter.release((r.index,))

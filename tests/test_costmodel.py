@@ -84,6 +84,10 @@ def test_cost_model_on_a_small_frame():
     np.testing.assert_allclose(stalled.p_measured, [1.0, 0.0, np.nan, 0.0])
     np.testing.assert_allclose(stalled.predicted_speedup, [1.75 / 2.3, np.nan, np.nan, 2.0 / 1.6])
     assert predicted_speedup(1.75, 2, 0.1, 1.0, 1.0) == pytest.approx(1.75 / 2.2)
+    # what a request waits for (prefill_wait_ms) wins over all of the run's prefills per round
+    waited = cost_model(frame.assign(prefill_ms=[10.0, 10.0, None, 20.0], prefill_wait_ms=[4.0, None, None, 0.0],
+                                     batch_size=[8, 8, 8, 1]))
+    np.testing.assert_allclose(waited.p_measured, [0.4, 10.0 / 9.6, np.nan, 0.0])  # row 1: t1 = 1.2 x 8
     np.testing.assert_allclose(busy.predicted_speedup, [1.75 / 1.6, np.nan, np.nan, 2.0 / 1.8])
 
 

@@ -204,6 +204,15 @@ def test_round_clock_counts_batched_rounds_and_prefills(tiny_model):
     assert row["prefill_ms"] == pytest.approx(1e3 * sum(r.ttft_s for r in records) / clock.steps)
     assert row["verify_ms"] == pytest.approx(1e3 * clock.forward_s / clock.steps)
     assert row["throughput_tok_s"] == pytest.approx(6 * 24 / clock.elapsed_s)
+    # Prefill waits: requests 0 .. 2 are admitted first, in order, so request 0 decodes through
+    # the prefills of 1 and 2; the last admission, request 5, through none.
+    assert records[0].prefill_wait_s >= records[1].ttft_s + records[2].ttft_s
+    assert records[5].prefill_wait_s == 0.0
+    waits = sorted(1e3 * r.prefill_wait_s / r.rounds for r in records)
+    assert row["prefill_wait_ms"] == pytest.approx((waits[2] + waits[3]) / 2)
+    alone = decode_requests(make_engine("native", tiny_model, rows=1), PROMPTS[:2], params=GREEDY, max_new_tokens=4,
+                            eos_ids=frozenset(), generator=torch.Generator())
+    assert [r.prefill_wait_s for r in alone] == [0.0, 0.0]  # one row: nobody is admitted mid-request
 
 
 @pytest.mark.parametrize("scope", ["layer", "model"])
