@@ -208,6 +208,9 @@ class StaticHeadCache:
         self.keys = torch.zeros(shape, device=device, dtype=dtype)
         self.values = torch.zeros(shape, device=device, dtype=dtype)
         self.lengths = torch.zeros(rows, dtype=torch.int64)
+        # Made once: the row and slot indices every forward needs, on the cache's device.
+        self.row_range = torch.arange(rows, device=device)  # [R]
+        self.slot_range = torch.arange(capacity, device=device)  # [S]
 
     @property
     def rows(self) -> int:
@@ -232,49 +235,66 @@ class StaticHeadCache:
 class _RowsView:
     """One forward's view of a StaticHeadCache with HeadCache's interface (what Attention calls):
     input j of batch row b is written at slot starts[b] + j of cache row rows[b] (clamped to the
-    last slot, which only padding reaches), and `append` returns the batch rows' first `span`
-    slots [B, Hkv, span, hd]. Attention is given an explicit mask, so `length` is unused."""
+    last slot, which only padding reaches), and `append` returns every slot of the batch rows
+    [B, Hkv, S, hd]: attention always spans the cache's whole capacity S, masked, so that its
+    shapes do not change from one forward to the next. rows: a device tensor [B], or None when
+    batch row b is cache row b (then the cache rows are a view, not a gather). Attention is
+    given an explicit mask, so `length` is unused."""
 
-    def __init__(self, cache: StaticHeadCache, rows: list, starts: torch.Tensor, span: int):
-        self.cache, self.starts, self.span = cache, starts, span
-        device = cache.keys.device
-        self.in_order = list(rows) == list(range(len(rows)))  # then rows are a view, not a gather
-        self.rows = torch.tensor(list(rows), dtype=torch.int64, device=device)
+    def __init__(self, cache: StaticHeadCache, rows: Optional[torch.Tensor], starts: torch.Tensor):
+        self.cache, self.rows, self.starts = cache, rows, starts
 
     @property
     def length(self) -> int:
-        return self.span
+        return self.cache.capacity
 
     def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         c = self.cache
         B, _, q, _ = keys.shape
-        slots = (self.starts[:, None] + torch.arange(q, device=self.starts.device)).clamp_(max=c.capacity - 1)  # [B, q]
-        rows = self.rows[:, None].expand(B, q)
+        slots = (self.starts[:, None] + c.slot_range[:q]).clamp_(max=c.capacity - 1)  # [B, q]
+        rows = (c.row_range[:B] if self.rows is None else self.rows)[:, None].expand(B, q)
         c.keys[rows, :, slots] = keys.transpose(1, 2).to(c.keys.dtype)  # [B, q, Hkv, hd]
         c.values[rows, :, slots] = values.transpose(1, 2).to(c.values.dtype)
-        if self.in_order:
-            return c.keys[:B, :, : self.span], c.values[:B, :, : self.span]
-        return c.keys[self.rows, :, : self.span], c.values[self.rows, :, : self.span]
+        if self.rows is None:
+            return (c.keys, c.values) if B == c.rows else (c.keys[:B], c.values[:B])
+        return c.keys[self.rows], c.values[self.rows]
+
+
+def static_width(q: int, capacity: int) -> int:
+    """The inputs per row a forward over a StaticHeadCache is padded to: the next power of two
+    (at most the capacity), so that a run sees a handful of distinct input shapes, not one per
+    round (eager attention may plan per shape: cuDNN builds a graph for each one it meets)."""
+    return max(q, min(1 << max(q - 1, 0).bit_length(), capacity))
+
+
+def forward_rows(head: nn.Module, features: torch.Tensor, input_ids: torch.Tensor, cache: StaticHeadCache,
+                 starts: torch.Tensor, rows: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The head's forward (either kind: its own hidden_states, weights and RoPE) for B rows of a
+    StaticHeadCache, with no host synchronization. features: [B, q, D], input_ids: [B, q] on the
+    cache's device; starts: [B] int64 on the cache's device, the slot of each row's first input
+    (its cached pairs lie before it); rows: [B] the cache row of each batch row, None for cache
+    rows 0 .. B - 1. Input j of row b is read at position starts[b] + j and written into the
+    cache there; it sees its row's slots before starts[b] and its own row's earlier inputs.
+    The rows' lengths (cache.lengths, on the CPU) are the caller's to advance. -> hidden [B, q, H]."""
+    positions = starts[:, None] + cache.slot_range[: input_ids.shape[1]]  # [B, q]
+    mask = cache.slot_range[None, None, :] <= positions[:, :, None]  # [B, q, S]
+    view = _RowsView(cache, rows, starts)
+    return head.hidden_states(features, input_ids, positions, view, mask[:, None])
 
 
 def hidden_states_rows(head: nn.Module, features: torch.Tensor, input_ids: torch.Tensor, cache: StaticHeadCache,
                        rows: list, counts: list) -> torch.Tensor:
-    """The head's forward (either kind: its own hidden_states, weights and RoPE) for B requests
-    over a StaticHeadCache. features: [B, q, D], input_ids: [B, q]: batch row b holds counts[b]
-    real pairs, then padding, read after cache row rows[b]'s cached pairs at positions
-    length + j; each input sees its row's slots before its length and its own row's earlier
-    inputs. Every input is written into the cache; the rows' lengths then advance by counts
-    (padding stays past them). -> hidden [B, q, H] (the real ones: [b, :counts[b]])."""
-    B, q = input_ids.shape
+    """forward_rows for B requests at rows `rows` (a list, any order) read after their cached
+    pairs: features: [B, q, D], input_ids: [B, q]: batch row b holds counts[b] real pairs, then
+    padding, read at positions length + j. Every input is written into the cache; the rows'
+    lengths then advance by counts (padding stays past them). -> hidden [B, q, H] (the real
+    ones: [b, :counts[b]])."""
     device = cache.keys.device
-    starts_cpu = cache.lengths[list(rows)]  # [B]
-    span = min(int((starts_cpu + q).max()), cache.capacity)
-    starts = starts_cpu.to(device)
-    positions = starts[:, None] + torch.arange(q, device=device)  # [B, q]
-    mask = torch.arange(span, device=device)[None, None, :] <= positions[:, :, None]  # [B, q, span]
-    view = _RowsView(cache, rows, starts, span)
-    hidden = head.hidden_states(features, input_ids.to(device), positions, view, mask[:, None])
-    cache.lengths[list(rows)] += torch.as_tensor(list(counts), dtype=torch.int64)
+    rows = list(rows)
+    starts = cache.lengths[rows].to(device)  # [B]
+    index = None if rows == list(range(len(rows))) else torch.tensor(rows, dtype=torch.int64, device=device)
+    hidden = forward_rows(head, features.to(device), input_ids.to(device), cache, starts, index)
+    cache.lengths[rows] += torch.as_tensor(list(counts), dtype=torch.int64)
     return hidden
 
 
@@ -335,6 +355,14 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(in_features, hkv * hd, bias=config.qkv_bias)
         self.v_proj = nn.Linear(in_features, hkv * hd, bias=config.qkv_bias)
         self.o_proj = nn.Linear(hq * hd, config.hidden_size, bias=False)
+        self._inverse_frequencies: dict = {}  # device -> inverse_frequencies(config, device), made once
+
+    def inverse_frequencies(self, device: torch.device) -> torch.Tensor:
+        inv = self._inverse_frequencies.get(device)
+        if inv is None:
+            with torch.inference_mode(False), torch.no_grad():  # an ordinary tensor: training reads it too
+                self._inverse_frequencies[device] = inv = inverse_frequencies(self.config, device)
+        return inv
 
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor, cache: HeadCache,
                 attention_mask: Optional[torch.Tensor]) -> torch.Tensor:
@@ -344,9 +372,10 @@ class Attention(nn.Module):
         q = self.q_proj(x).view(B, S, c.num_attention_heads, c.head_dim).transpose(1, 2)  # [B, Hq, S, hd]
         k = self.k_proj(x).view(B, S, c.num_key_value_heads, c.head_dim).transpose(1, 2)  # [B, Hkv, S, hd]
         v = self.v_proj(x).view(B, S, c.num_key_value_heads, c.head_dim).transpose(1, 2)
-        angles = position_ids.to(x.device, torch.float32)[..., None] * inverse_frequencies(c, x.device)
+        angles = position_ids.to(x.device, torch.float32)[..., None] * self.inverse_frequencies(x.device)
         angles = torch.cat([angles, angles], dim=-1)[:, None]  # [B, 1, S, hd]
-        q, k = rotate(q, angles.cos(), angles.sin()), rotate(k, angles.cos(), angles.sin())
+        cos, sin = angles.cos(), angles.sin()
+        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         P = cache.length
         k, v = cache.append(k, v)  # [B, Hkv, P + S, hd]
         groups = c.num_attention_heads // c.num_key_value_heads
@@ -438,6 +467,10 @@ class EagleHead(nn.Module):
         weight = self.target.lm_head.weight
         return F.linear(hidden.to(weight.dtype), weight)
 
+    def argmax(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[B, S, H] -> [B, S] the target id of each row's most likely token (greedy drafts)."""
+        return self.logits(hidden).argmax(-1)
+
     def forward(self, features, input_ids, position_ids, cache, attention_mask=None):
         """-> (hidden [B, S, H]: the predicted feature, fed back as the next feature;
         logits [B, S, V])."""
@@ -478,6 +511,23 @@ class Eagle3Head(nn.Module):
         """[Vd] the target id of each draft id."""
         return torch.arange(self.d2t.shape[0], device=self.d2t.device) + self.d2t
 
+    def _draft_map(self) -> tuple[torch.Tensor, bool]:
+        """(draft_ids, whether they ascend), computed once per d2t: again only when d2t is
+        replaced or written in place (set_draft_vocab, load_state_dict, .to)."""
+        d2t = self.d2t
+        try:
+            version = d2t._version
+        except RuntimeError:  # an inference tensor keeps no version: no caching
+            ids = self.draft_ids
+            return ids, bool((ids[1:] > ids[:-1]).all())
+        cached = getattr(self, "_draft_map_cache", None)
+        if cached is None or cached[0] is not d2t or cached[1] != version:
+            with torch.inference_mode(False), torch.no_grad():  # an ordinary tensor: training indexes with it
+                ids = self.draft_ids
+                cached = (d2t, version, ids, bool((ids[1:] > ids[:-1]).all()))
+            self._draft_map_cache = cached
+        return cached[2], cached[3]
+
     def hidden_states(self, features, input_ids, position_ids, cache, attention_mask=None) -> torch.Tensor:
         """features: [B, S, len(feature_layers) * H] target features, or [B, S, H] the head's
         own previous output; -> the pre-norm residual stream [B, S, H]."""
@@ -499,7 +549,15 @@ class Eagle3Head(nn.Module):
         """[B, S, H] -> [B, S, V]: draft logits at their target ids, -inf elsewhere."""
         draft = self.draft_logits(hidden)
         full = draft.new_full((*draft.shape[:-1], self.config.vocab_size), float("-inf"))
-        return full.index_copy(-1, self.draft_ids, draft)
+        return full.index_copy(-1, self._draft_map()[0], draft)
+
+    def argmax(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[B, S, H] -> [B, S] the target id of each row's most likely token: logits(hidden).argmax(-1)
+        without the [.., V] tensor (draft ids ascend, so the first maximum maps to the first one)."""
+        ids, ascending = self._draft_map()
+        if not ascending:
+            return self.logits(hidden).argmax(-1)
+        return ids[self.draft_logits(hidden).argmax(-1)]
 
     def forward(self, features, input_ids, position_ids, cache, attention_mask=None):
         """-> (hidden [B, S, H] pre-norm, fed back as the next feature; logits [B, S, V])."""

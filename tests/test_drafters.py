@@ -434,13 +434,14 @@ def test_batched_eagle_chains_propose_what_the_per_request_path_proposes(name, s
     """Three requests of different lengths over four rounds of ragged growth (a fully rejected
     chain rolled back, a fully accepted one, a request released and its row taken by a new id, a
     history cut back): the batched EAGLE chains equal expand.draft over one EagleStepper per
-    request, token for token; a new request reads all its pairs, a known one only what it gained."""
+    request, token for token; a new request reads all its pairs, a known one only what it gained
+    (accepted + 1); every round is one sync and k - 1 single-input steps over every cache row."""
     import specbench.drafters.eagle_chain as eagle_chain
     from specbench.drafters.expand import Steppers, draft
 
-    widths = []  # inputs per row of each batched head forward
-    real = eagle_chain.hidden_states_rows
-    monkeypatch.setattr(eagle_chain, "hidden_states_rows", lambda head, f, ids, *a: widths.append(ids.shape[1]) or real(head, f, ids, *a))
+    shapes = []  # input_ids' shape of each batched head forward
+    real = eagle_chain.forward_rows
+    monkeypatch.setattr(eagle_chain, "forward_rows", lambda head, f, ids, *a: shapes.append(tuple(ids.shape)) or real(head, f, ids, *a))
 
     k = 4
     batch = make_drafter(name, target, None, head_dirs)
@@ -450,7 +451,7 @@ def test_batched_eagle_chains_propose_what_the_per_request_path_proposes(name, s
     histories = {7: PROMPTS[0], 3: torch.tensor([0, 9]), 11: torch.cat([PROMPTS[2], PROMPTS[1]])}
 
     def propose(order):
-        widths.clear()
+        shapes.clear()
         hs = [histories[i] for i in order]
         state = DraftState(tokens=hs, k=k, features=target_features(target, hs, batch.feature_layers),
                            request_ids=tuple(order))
@@ -459,29 +460,85 @@ def test_batched_eagle_chains_propose_what_the_per_request_path_proposes(name, s
         assert got.is_chain and got.probs is None and got.num_tokens.tolist() == [k] * len(order)
         assert got.tokens.dtype == torch.int64 and got.tokens.device.type == "cpu"
         assert got.tokens.tolist() == want.tokens.tolist()
-        assert widths[1:] == [1] * (k - 1)  # one batched sync, k - 1 batched steps
+        R = batch.chain.cache_rows
+        assert len(shapes) == k and shapes[1:] == [(R, 1)] * (k - 1)  # one batched sync, k - 1 batched steps
+        assert shapes[0][0] == R and shapes[0][1] >= max(batch.chain.last_counts.values())
         return got
 
     def grow(got, order, accepted):
         return grow_histories(histories, got, order, accepted)
 
     got = propose((7, 3, 11))
-    assert widths[0] == max(len(h) - 1 for h in histories.values())  # new rows read every pair
+    assert batch.chain.last_counts == {i: len(h) - 1 for i, h in histories.items()}  # new rows read every pair
     added = grow(got, (7, 3, 11), {7: 0, 3: k, 11: 2})  # 7: all rejected (rolled back); 3: all accepted
     got = propose((11, 7, 3))
-    assert widths[0] == max(added.values())  # each row reads only the pairs it gained
+    assert batch.chain.last_counts == added == {7: 1, 3: k + 1, 11: 3}  # each row reads only the pairs it gained
     batch.release([3, 99])  # 3 finished; 99 was never seen
     steppers.release([3, 99])
     assert set(batch.chain.row_of) == {7, 11}
-    grow(got, (11, 7), {11: 1, 7: k})
+    added = grow(got, (11, 7), {11: 1, 7: k})
     histories[12] = torch.tensor([0, 9, 10, 11, 30, 31, 32])  # a new request, in 3's row
     got = propose((12, 11, 7))
-    assert widths[0] == len(histories[12]) - 1
+    assert batch.chain.last_counts == {12: len(histories[12]) - 1, **added}
     grow(got, (12, 11, 7), {12: 3, 11: 0, 7: 1})
     histories[7] = histories[7][:-3]  # a history that lost pairs the row holds: cut back, read again
     propose((7, 12, 11))
+    assert batch.chain.last_counts[7] == 1  # its pairs up to the cut are kept: only the last is read again
     if sizing:
         assert batch.chain.cache.rows >= 3 and batch.chain.max_length >= max(len(h) for h in histories.values()) + k
+
+
+def test_eagle_chains_in_the_runner_read_new_pairs_only_over_one_attention_shape(target, head_dirs, monkeypatch):
+    """EAGLE-3 chains through the runner, five prompts over three rows (requests admitted as
+    others finish): every round takes the batched chain path, never the per-request steppers;
+    after its first round a request's row reads accepted + 1 pairs (before it, its prompt's);
+    the head cache sized by attach never grows; and the head's attention runs over one key
+    shape and a few query widths however many rounds there are. (Eager attention may plan per
+    shape: on sm90 torch picks cuDNN for this masked bf16 attention, which builds a graph for
+    each new shape; with a key length that grew every round, that was a build nearly every round.)"""
+    import collections
+
+    import specbench.drafters.expand as expand
+    import specbench.heads as heads
+
+    k, tokens, rows = 4, 24, 3
+    prompts = PROMPTS + [torch.tensor([0, 7, 8, 9, 10, 11, 12, 13, 14]), torch.tensor([0, 4, 4])]
+    monkeypatch.setattr(expand, "draft", lambda *a, **kw: pytest.fail("a chain was drafted request by request"))
+    monkeypatch.setattr(heads.StaticHeadCache, "grown", lambda *a: pytest.fail("the head cache grew"))
+    shapes = collections.Counter()  # (query shape, key shape) of every attention the head runs
+
+    class Recorded:
+        def __getattr__(self, name):
+            return getattr(torch.nn.functional, name)
+
+        @staticmethod
+        def scaled_dot_product_attention(q, k, v, **kw):
+            shapes[tuple(q.shape), tuple(k.shape)] += 1
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, **kw)
+
+    monkeypatch.setattr(heads, "F", Recorded())
+    drafter = EagleDrafter("eagle3", head_dirs["eagle3"], "greedy", GREEDY)
+    drafter.attach(target, rows=rows, max_length=max(len(p) for p in prompts) + tokens + k + 2)
+    reads = collections.defaultdict(list)  # request id -> pairs its row read, round by round
+    rounds = []
+    chain_propose = drafter.chain.propose
+
+    def propose(state, *args):
+        out = chain_propose(state, *args)
+        rounds.append(len(state.request_ids))
+        for i in state.request_ids:
+            reads[i].append(drafter.chain.last_counts[i])
+        return out
+
+    monkeypatch.setattr(drafter.chain, "propose", propose)
+    records = run(target, Speculation(drafter, "standard", k), prompts=prompts, tokens=tokens, engine="native", rows=rows)
+    assert [r.tokens for r in records] == [r.tokens for r in run(target, None, prompts=prompts, tokens=tokens)]
+    for i, (prompt, record) in enumerate(zip(prompts, records)):
+        assert reads[i] == [len(prompt)] + [a + 1 for a in record.accepted[:-1]]
+    assert sum(sum(r.accepted) for r in records) > 0  # some rounds read more than one pair
+    assert sum(shapes.values()) == k * len(rounds) and len(rounds) >= 20 and min(rounds) < rows
+    assert len({key for _, key in shapes}) == 1  # every key shape: all rows x the whole cache
+    assert len(shapes) <= 5  # a few query widths (1 and powers of two), not one shape per round
 
 
 @pytest.mark.parametrize("name", EAGLE_KINDS)

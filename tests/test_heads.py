@@ -177,6 +177,31 @@ def test_d2t_puts_minus_infinity_outside_the_draft_vocabulary(target):
     assert torch.equal(logits.argmax(-1), ids[draft.argmax(-1)])  # target_id = draft_id + d2t[draft_id]
 
 
+def test_argmax_is_the_argmax_of_the_target_logits_without_building_them(target):
+    """Eagle3Head.argmax (greedy drafts: the draft vocabulary's argmax mapped to target ids) is
+    logits(hidden).argmax(-1) exactly, ties included (the first maximum); it follows the map when
+    set_draft_vocab or load_state_dict changes it, and a map that does not ascend falls back to
+    the full logits."""
+    head = random_head(target, "eagle3")
+    hidden = torch.randn(4, 3, H, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        head.lm_head.weight[7] = head.lm_head.weight[3]  # draft ids 3 and 7 tie on every row
+        hidden[0, 0] = head.lm_head.weight[3] * 50  # ... and win row (0, 0)
+        for ids in (None, torch.arange(V - VD, V), torch.arange(0, 2 * VD, 2)):
+            if ids is not None:
+                head.set_draft_vocab(ids)
+            with torch.inference_mode():
+                want = head.logits(hidden).argmax(-1)
+                got = head.argmax(hidden)
+            assert torch.equal(got, want) and int(got[0, 0]) == int(head.draft_ids[3])
+        head.load_state_dict({**head.state_dict(), "d2t": torch.zeros(VD, dtype=torch.int64)})
+        assert torch.equal(head.argmax(hidden), head.logits(hidden).argmax(-1))  # the identity map now
+        head.d2t.copy_(torch.arange(VD - 1, -1, -1) * 2 - torch.arange(VD))  # descending target ids
+        assert torch.equal(head.argmax(hidden), head.logits(hidden).argmax(-1))
+    eagle = random_head(target, "eagle")
+    assert torch.equal(eagle.argmax(hidden), eagle.logits(hidden).argmax(-1))
+
+
 def test_draft_vocab_is_the_most_frequent_continuation_tokens(target):
     corpus = generate_corpus(target, [torch.tensor([5, 6, 7]), torch.tensor([8, 9])], layers=(2,), gen_tokens=12,
                              batch_size=2, temperature=0.0, eos_ids=frozenset(), pad_id=0)

@@ -9,18 +9,29 @@ batched single-pair forwards (the model is drafters/native_chain.py, for draft m
 sync: a row holds the pairs (target feature f_t, token x_{t+1}) of its request's last history:
     tokens history[1:] paired with features[:n - 1]. The common prefix with the new pairs stays
     (at most n - 2: the last pair is always read, it predicts the first draft); the rest is
-    dropped by setting the row's length, with no copy. One forward then reads every row's
-    remaining pairs (ragged, padded to the longest); the logits and hidden state at each row's
-    last real pair give the first draft.
+    dropped by setting the row's length, with no copy. A row therefore reads accepted + 1 pairs
+    a round after its first (`last_counts`), its whole history at its first. One forward then
+    reads every row's remaining pairs (ragged, padded); the hidden state at each row's last real
+    pair gives the first draft.
 steps: k - 1 forwards of one pair per row: (the row's last output hidden state, its last draft)
     at the next position. These pairs lie past the row's synced length and the next sync drops
     them (pairs built from the head's own states are never kept, as in EagleStepper).
 
-`greedy` takes the argmax (q is the point mass: probs None); otherwise each step samples the B
-requests from their q at the run's parameters (float32 q [B, k, V] is returned), one draw over
-the batch per step (the per-request path draws request by request, so sampled drafts of B > 1
-differ from it by the order of the draws; greedy ones do not differ). EAGLE-3's logits come
-from the head's own `logits` (draft vocabulary placed at its target ids, -inf elsewhere).
+Shapes are static, and a round synchronizes with the host twice: every forward runs over all R
+cache rows (rows of no request in the round read padding past their length) and attends over
+the cache's whole capacity, masked, and the sync's inputs are padded to a power of two
+(heads.static_width); a run thus meets a handful of shapes, not one per round. Eager attention
+may plan per shape: on sm90 / sm100 torch gives this masked bf16 attention to cuDNN, which
+builds (tens of ms) and caches a graph per shape, and a key length that grew every round made
+that a build nearly every round. The round's indices are built on the CPU and copied to the
+device at once; the drafts come back in one copy at the end.
+
+`greedy` takes the argmax (q is the point mass: probs None; EAGLE-3's over its draft vocabulary,
+mapped to target ids, with no [B, V] tensor); otherwise each step samples the B requests from
+their q at the run's parameters (float32 q [B, k, V] is returned), one draw over the batch per
+step (the per-request path draws request by request, so sampled drafts of B > 1 differ from it
+by the order of the draws; greedy ones do not differ). EAGLE-3's logits come from the head's own
+`logits` (draft vocabulary placed at its target ids, -inf elsewhere).
 
 Padded inputs write only past their row's length (or into the last slot, which no row reaches).
 The cache is made at the first chain round and grows (rows, length: doubling, entries copied)
@@ -40,7 +51,7 @@ import torch
 from specbench.drafters.base import DraftProposal, DraftState
 from specbench.drafters.lm_stepper import common_prefix
 from specbench.drafters.native_chain import MAX_LENGTH, ROWS, RowCache
-from specbench.heads import StaticHeadCache, hidden_states_rows
+from specbench.heads import StaticHeadCache, forward_rows, static_width
 from specbench.sampling import SamplingParams, probs_from_logits, sample
 
 
@@ -53,6 +64,7 @@ class EagleChain(RowCache):
         super().__init__()  # held: per row, the tokens of the pairs it keeps
         self.head, self._rows, self._max_length = head, rows, max_length
         self.cache: Optional[StaticHeadCache] = None  # made at the first chain round
+        self.last_counts: dict = {}  # request id -> the pairs its row read in the last round's sync
 
     @property
     def max_length(self) -> int:
@@ -87,41 +99,69 @@ class EagleChain(RowCache):
         self._fit(ids, max(h.shape[0] for h in histories) + k)
         rows = [self._row(i)[0] for i in ids]
         cache, head = self.cache, self.head
-        device = cache.keys.device
+        device, R = cache.keys.device, cache.rows
 
-        # sync: roll each row back to the pairs it shares with its request, then read the rest.
+        # sync: roll each row back to the pairs it shares with its request (no copy), then read
+        # the rest: accepted + 1 pairs a row after its first round.
         keeps = []
         for row, history in zip(rows, histories):
             pairs = history[1:]  # [n - 1] the token of each pair
-            keep = min(common_prefix(self.held[row], pairs), history.shape[0] - 2)
-            cache.lengths[row] = keep  # drop what differs: no copy
+            keep = min(kept_pairs(self.held[row], pairs), pairs.shape[0] - 1)
+            cache.lengths[row] = keep
             self.held[row] = pairs
             keeps.append(keep)
         counts = [h.shape[0] - 1 - keep for h, keep in zip(histories, keeps)]  # B x n_b - 1 - keep >= 1
-        q, D = max(counts), state.features[0].shape[-1]
-        features = torch.zeros(B, q, D, dtype=state.features[0].dtype, device=device)  # padding reads zeros
-        inputs = torch.zeros(B, q, dtype=torch.int64)  # and token 0
-        for b, (history, keep, n) in enumerate(zip(histories, keeps, counts)):
-            features[b, :n] = state.features[b][keep:].to(device)
-            inputs[b, :n] = history[keep + 1 :]
-        hidden = hidden_states_rows(head, features, inputs.to(device), cache, rows, counts)  # [B, q, H]
-        batch = torch.arange(B, device=device)
-        last = hidden[batch, torch.tensor([n - 1 for n in counts], device=device)]  # [B, H]
-        logits = head.logits(last)  # [B, V]
+        self.last_counts = dict(zip(ids, counts))  # pairs each request's row read this round
+        # Every cache row takes part in every forward (rows of no request read padding past their
+        # length) and attention spans the whole cache: the shapes stay the same round after round.
+        q = static_width(max(counts), cache.capacity)
+        rows_t, counts_t = torch.tensor(rows), torch.tensor(counts)  # [B], [B]
+        R_counts = torch.zeros(R, dtype=torch.int64)
+        R_counts[rows_t] = counts_t
+        starts = cache.lengths.clone()  # [R] the first slot each row writes
+        # Where each real input goes in the padded [R * q] block: row * q + j, j < count.
+        first = torch.repeat_interleave(rows_t * q - (counts_t.cumsum(0) - counts_t), counts_t)
+        flat = first + torch.arange(first.shape[0])  # [sum counts]
+        inputs = torch.zeros(R * q, dtype=torch.int64)  # padding reads token 0 (and a zero feature)
+        inputs[flat] = torch.cat([h[keep + 1 :] for h, keep in zip(histories, keeps)])
+        last = (R_counts - 1).clamp_(min=0)  # [R] each row's last real input
+        synced = starts + R_counts  # [R] lengths after the sync: step i writes at synced + i
+        steps = synced[None, :] + torch.arange(k - 1)[:, None]  # [k - 1, R]
+        # One host-to-device copy for every index of the round.
+        packed = torch.cat([starts, inputs, flat, last, rows_t, steps.view(-1)]).to(device)
+        sizes = [R, R * q, flat.shape[0], R, B, (k - 1) * R]
+        starts_d, inputs_d, flat_d, last_d, rows_d, steps_d = packed.split(sizes)
+        features = torch.cat([f[keep:] for f, keep in zip(state.features, keeps)]).to(device)  # [sum counts, D]
+        padded = features.new_zeros(R * q, features.shape[-1]).index_copy_(0, flat_d, features)
+        hidden = forward_rows(head, padded.view(R, q, -1), inputs_d.view(R, q), cache, starts_d)  # [R, q, H]
+        cache.lengths.copy_(synced)
+        hidden = hidden[cache.row_range, last_d]  # [R, H] each row's last real input
 
-        # k steps: draft from the logits, feed (own hidden state, draft) for all but the last.
+        # k steps: draft from the requests' rows; feed every row (own hidden state, draft) for all but the last.
         drafts, probs = [], []
+        step_ids = torch.zeros(R, 1, dtype=torch.int64, device=device)  # rows of no request read token 0
         for i in range(k):
+            mine = hidden.index_select(0, rows_d)  # [B, H]
             if greedy:
-                token = logits.argmax(-1)  # [B]
+                token = head.argmax(mine)  # [B]
             else:
-                q_i = probs_from_logits(logits, params)  # [B, V] float32
+                q_i = probs_from_logits(head.logits(mine), params)  # [B, V] float32
                 token = sample(q_i, generator)  # one draw per request, in batch order
                 probs.append(q_i)
             drafts.append(token)
             if i + 1 < k:
-                last = hidden_states_rows(head, last[:, None], token.to(device)[:, None], cache, rows, [1] * B)[:, 0]
-                logits = head.logits(last)  # [B, V]
+                step_ids.index_copy_(0, rows_d, token[:, None])
+                hidden = forward_rows(head, hidden[:, None], step_ids, cache, steps_d[i * R : (i + 1) * R])[:, 0]
+        cache.lengths[rows] += k - 1
         tokens = torch.stack(drafts, 1).cpu()  # [B, k]
         q_all = None if greedy else torch.stack(probs, 1)  # [B, k, V]
         return DraftProposal(tokens, torch.full((B,), k, dtype=torch.int64), q_all, None)
+
+
+def kept_pairs(held: torch.Tensor, pairs: torch.Tensor) -> int:
+    """How many leading pairs a row holds that the request still has: common_prefix, with one
+    comparison in the usual case of a history that extends what the row holds."""
+    m = held.shape[0]
+    if m <= pairs.shape[0] and torch.equal(held, pairs[:m]):
+        return m
+    return common_prefix(held, pairs)
