@@ -74,11 +74,12 @@ class RMSNorm(nn.Module):
         return rms_norm(x, self.weight, self.eps)
 
 
-# Decode and verify shapes use `attend` (specbench.kernels.attention) while requests x key/value heads are fewer than this,
-# the fused kernel from there on. Measured on an H200 (Llama-3.1-8B shape, 2026-12-03): at 1 x 8
-# the matmuls were faster (t(1) at context 4096: 6.46 ms against 7.63 ms), at 48 x 8 the fused
-# kernel was (a batch-48 step at context 4096: 19.4 ms against 32.5 ms). About the SM count.
-# With engine.kernels on CUDA both give way to specbench.kernels.attention.decode.
+# Decode and verify shapes use `attend` (specbench.kernels.attention) while requests x key/value
+# heads are fewer than this, the fused kernel from there on. Measured on an H200 (Llama-3.1-8B
+# shape, 2026-12-03): at 1 x 8 the matmuls were faster (t(1) at context 4096: 6.46 ms against
+# 7.63 ms), at 48 x 8 the fused kernel was (a batch-48 step at context 4096: 19.4 ms against
+# 32.5 ms). About the SM count. With engine.kernels on CUDA both give way to
+# specbench.kernels.attention.decode.
 FUSED_FROM = 128
 
 
