@@ -1,6 +1,8 @@
 """SGLang's shared n-gram trie drafter on tiny hand-made histories, each with its exact expected tree."""
 
+import json
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -165,14 +167,15 @@ def test_no_draft_nodes_wanted():
 
 def check_trie(d: NgramTrieDrafter) -> None:
     """Every node is reachable from the root once, knows its parent, and is in the LRU."""
-    seen, stack = 0, [d.trie.root]
+    trie = d.trie
+    seen, stack = 0, [trie.root]
     while stack:
         node = stack.pop()
-        for token, child in (node.children or {}).items():
-            assert child.parent is node and child.token == token and child.count >= 1
+        for token, child in trie.children(node).items():
+            assert trie.parent(child) == node and trie.token(child) == token and trie.node_count(child) >= 1
             seen += 1
             stack.append(child)
-    assert seen == len(d.trie)
+    assert seen == len(trie)
 
 
 def test_capacity_evicts_least_recently_used_leaves():
@@ -329,3 +332,50 @@ def test_bad_config_names_the_key(key, value):
     with pytest.raises(ConfigError) as err:
         NgramTrieDrafter.from_config(cfg)
     assert err.value.key == f"drafter.{key}" and err.value.value == value
+
+
+# (8) frozen proposals -------------------------------------------------------------------------
+# tests/fixtures/ngram_trie_proposals.json holds the proposals of the implementation before the
+# flat-list trie (per-node objects, a global LRU list kept on every touch), recorded over
+# FROZEN_CASES; the current one must propose exactly the same trees, in the same order.
+
+FROZEN = Path(__file__).parent / "fixtures" / "ngram_trie_proposals.json"
+FROZEN_CASES = {  # name: (drafter params, batch, rounds, k, num_draft_tokens, seed)
+    "defaults": (dict(), 6, 30, 4, None, 0),
+    "bushy": (dict(capacity=10_000, max_trie_depth=8, max_match_window=5, max_bfs_breadth=5), 5, 30, 3, 10, 1),
+    "evicting": (dict(capacity=300, max_trie_depth=6, max_match_window=4, max_bfs_breadth=3), 5, 30, 3, 8, 2),
+}
+
+
+def frozen_workload(batch: int, rounds: int, seed: int):
+    """Histories growing by 1-3 tokens a round, from a small vocabulary with shared phrases."""
+    rng = random.Random(seed)
+    phrases = [[rng.randrange(40) for _ in range(rng.randint(3, 8))] for _ in range(12)]
+    histories = []
+    for _ in range(batch):
+        h: list[int] = []
+        while len(h) < rng.randint(20, 60):
+            h += rng.choice(phrases) if rng.random() < 0.6 else [rng.randrange(40)]
+        histories.append(h)
+    for _ in range(rounds):
+        yield [list(h) for h in histories]
+        for h in histories:
+            for _ in range(rng.randint(1, 3)):
+                h += rng.choice(phrases)[:1] if rng.random() < 0.3 else [rng.randrange(40)]
+
+
+def frozen_proposals(params: dict, batch: int, rounds: int, k: int, num_draft_tokens, seed: int) -> list:
+    d = NgramTrieDrafter(**params)
+    out = []
+    for histories in frozen_workload(batch, rounds, seed):
+        rows, _ = propose(d, histories, k=k, num_draft_tokens=num_draft_tokens, ids=range(batch))
+        out.append([[tokens, parents] for tokens, parents in rows])
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(FROZEN_CASES))
+def test_proposals_match_the_frozen_fixture(name):
+    expected = json.loads(FROZEN.read_text())[name]
+    got = frozen_proposals(*FROZEN_CASES[name])
+    assert got == expected
+    assert sum(len(tokens) for rnd in got for tokens, _ in rnd) > 50  # real trees were compared

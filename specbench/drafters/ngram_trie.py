@@ -63,39 +63,61 @@ from specbench.config import ConfigError, NgramTrieConfig
 from specbench.drafters.base import DraftProposal, DraftState
 
 
-class _Node:
-    """One trie node: the n-gram spelled by the tokens from the root down to it."""
-
-    __slots__ = ("token", "parent", "children", "count", "stamp")
-
-    def __init__(self, token: int, parent: Optional[_Node]):
-        self.token = token
-        self.parent = parent
-        self.children: Optional[dict[int, _Node]] = None  # token -> node, made on the first child
-        self.count = 0  # occurrences of this n-gram in the inserted text
-        self.stamp = 0  # clock value of the last touch; larger is more recent
-
-
 class NgramTrie:
-    """The shared trie: counted n-grams of length <= max_depth, at most `capacity` nodes."""
+    """The shared trie: counted n-grams of length <= max_depth, at most `capacity` nodes.
+
+    Nodes are ints (0 the root) indexing flat lists of ints (token, parent, count, stamp) and a
+    list of children dicts {token: node}. Nothing here is a container of Python objects that the
+    cyclic garbage collector has to walk (a dict of ints is untracked), so a trie of millions of
+    nodes costs the collector nothing; per-node objects made its full passes grow with the trie.
+
+    Recency lives in the stamps. The global LRU list that eviction needs is only built (from the
+    stamps, which order the nodes exactly as that list would) once an insertion could reach
+    `capacity`; until then inserting a path is one walk down it and nothing else.
+    """
+
+    root = 0
 
     def __init__(self, capacity: int, max_depth: int):
         assert capacity >= max_depth >= 1, (capacity, max_depth)
         self.capacity = capacity
         self.max_depth = max_depth
-        self.root = _Node(-1, None)
-        self._lru: OrderedDict[_Node, None] = OrderedDict()  # every node but the root, least recent first
+        self._token = [-1]  # node -> its last token
+        self._parent = [-1]  # node -> parent node
+        self._count = [0]  # node -> occurrences of its n-gram in the inserted text
+        self._stamp = [0]  # node -> clock value of its last touch; larger is more recent
+        self._children: list[Optional[dict[int, int]]] = [None]  # node -> {token: child}, made on the first child
+        self._free: list[int] = []  # ids of evicted nodes, reused
+        self._size = 0  # nodes held, the root excluded
+        self._lru: Optional[OrderedDict[int, None]] = None  # every node but the root, least recent first
         self._clock = 0
 
     def __len__(self) -> int:
         """Nodes held, the root excluded."""
-        return len(self._lru)
+        return self._size
 
-    def find(self, ngram: Sequence[int]) -> Optional[_Node]:
+    def children(self, node: int) -> dict[int, int]:
+        """{token: child node} under a node (empty when it has none)."""
+        return self._children[node] or {}
+
+    def token(self, node: int) -> int:
+        return self._token[node]
+
+    def parent(self, node: int) -> int:
+        return self._parent[node]
+
+    def node_count(self, node: int) -> int:
+        return self._count[node]
+
+    def find(self, ngram: Sequence[int]) -> Optional[int]:
         """The node of an n-gram, or None when it is not in the trie."""
-        node = self.root
+        children_of = self._children
+        node = 0
         for token in ngram:
-            node = node.children.get(token) if node.children else None
+            children = children_of[node]
+            if children is None:
+                return None
+            node = children.get(token)
             if node is None:
                 return None
         return node
@@ -103,7 +125,7 @@ class NgramTrie:
     def count(self, ngram: Sequence[int]) -> int:
         """How often the n-gram occurred in the inserted text (0 when absent or evicted)."""
         node = self.find(ngram)
-        return 0 if node is None else node.count
+        return 0 if node is None else self._count[node]
 
     def insert(self, tokens: Sequence[int], first_new: int) -> None:
         """Count every n-gram (length <= max_depth) of `tokens` that ends at a position >= first_new.
@@ -111,61 +133,133 @@ class NgramTrie:
         tokens: [t] ints, the tail of a history; positions before first_new were inserted before.
         The n-grams starting at s are the prefixes of tokens[s : s + max_depth], one path.
         """
-        L = self.max_depth
-        for s in range(max(0, first_new - L + 1), len(tokens)):
-            end = min(s + L, len(tokens))
-            self._insert_path(tokens[s:end], new_depth=max(1, first_new - s + 1))
+        L, T = self.max_depth, len(tokens)
+        children_of, count, stamps = self._children, self._count, self._stamp
+        token_of, parent_of = self._token, self._parent
+        for s in range(max(0, first_new - L + 1), T):
+            end = min(s + L, T)
+            new_depth = max(1, first_new - s + 1)
+            if self._lru is None and self._size + (end - s) > self.capacity:
+                self._start_lru()
+            if self._lru is not None:
+                self._insert_path(tokens[s:end], new_depth)
+                continue
+            # No eviction can happen (so no id is free): walk and extend the path once. Its
+            # nodes are touched deepest first, as _touch does: depth d gets clock + n - d + 1.
+            counted = s + new_depth - 1  # tokens[i] for i >= counted end a new occurrence
+            stamp = self._clock + (end - s)
+            self._clock = stamp
+            node = 0
+            for i in range(s, end):
+                token = tokens[i]
+                children = children_of[node]
+                child = children.get(token) if children is not None else None
+                if child is None:
+                    child = len(token_of)
+                    token_of.append(token)
+                    parent_of.append(node)
+                    count.append(1)
+                    stamps.append(stamp)
+                    children_of.append(None)
+                    if children is None:
+                        children_of[node] = children = {}
+                    children[token] = child
+                    self._size += 1
+                else:
+                    if i >= counted:
+                        count[child] += 1
+                    stamps[child] = stamp
+                stamp -= 1
+                node = child
+
+    def _start_lru(self) -> None:
+        """Build the LRU list from the stamps: every touch gave a fresh, larger stamp."""
+        nodes, stack = [], [0]
+        while stack:
+            children = self._children[stack.pop()]
+            if children:
+                nodes.extend(children.values())
+                stack.extend(children.values())
+        nodes.sort(key=self._stamp.__getitem__)
+        self._lru = OrderedDict.fromkeys(nodes)
+
+    def _new_node(self, token: int, parent: int) -> int:
+        """A node with count 1 (a new occurrence, or an evicted n-gram restarting)."""
+        if self._free:
+            node = self._free.pop()
+            self._token[node], self._parent[node], self._count[node] = token, parent, 1
+            self._children[node] = None
+        else:
+            node = len(self._token)
+            self._token.append(token)
+            self._parent.append(parent)
+            self._count.append(1)
+            self._stamp.append(0)
+            self._children.append(None)
+        self._size += 1
+        return node
 
     def _insert_path(self, path: Sequence[int], new_depth: int) -> None:
         """Walk `path` from the root, creating missing nodes; nodes at depth >= new_depth
         (1-based) are new occurrences and get one count. A node created above new_depth (its
-        n-gram was evicted) restarts at count 1."""
-        nodes: list[_Node] = []  # the path's nodes: the existing prefix, then the created ones
-        node = self.root
+        n-gram was evicted) restarts at count 1. Used once the LRU list is kept."""
+        nodes: list[int] = []  # the path's nodes: the existing prefix, then the created ones
+        node = 0
         for token in path:
-            node = node.children.get(token) if node.children else None
+            children = self._children[node]
+            node = children.get(token) if children else None
             if node is None:
                 break
             nodes.append(node)
         self._touch(nodes)  # most recent now: eviction below cannot pick them
-        while len(self._lru) + len(path) - len(nodes) > self.capacity:
+        while self._size + len(path) - len(nodes) > self.capacity:
             self._evict()
         for depth, node in enumerate(nodes, start=1):
             if depth >= new_depth:
-                node.count += 1
-        parent = nodes[-1] if nodes else self.root
+                self._count[node] += 1
+        parent = nodes[-1] if nodes else 0
         for token in path[len(nodes):]:
-            child = _Node(token, parent)
-            child.count = 1
-            if parent.children is None:
-                parent.children = {}
-            parent.children[token] = child
+            child = self._new_node(token, parent)
+            if self._children[parent] is None:
+                self._children[parent] = {}
+            self._children[parent][token] = child
             nodes.append(child)
             parent = child
         self._touch(nodes)
 
-    def _touch(self, nodes: list[_Node]) -> None:
+    def _touch(self, nodes: list[int]) -> None:
         """Mark a root-to-node path used, deepest first, so ancestors end up the most recent."""
+        lru = self._lru
         for node in reversed(nodes):
             self._clock += 1
-            node.stamp = self._clock
-            self._lru[node] = None
-            self._lru.move_to_end(node)
+            self._stamp[node] = self._clock
+            lru[node] = None
+            lru.move_to_end(node)
 
     def _evict(self) -> None:
         """Drop the least recently used node, always a leaf (see _touch)."""
         node, _ = self._lru.popitem(last=False)
-        assert not node.children, "the least recently used node must be a leaf"
-        parent = node.parent
-        del parent.children[node.token]
-        if not parent.children:
-            parent.children = None
+        assert not self._children[node], "the least recently used node must be a leaf"
+        self._size -= 1
+        parent = self._parent[node]
+        siblings = self._children[parent]
+        del siblings[self._token[node]]
+        if not siblings:
+            self._children[parent] = None
+        self._free.append(node)
 
-    def ranked_children(self, node: _Node, width: int) -> list[_Node]:
+    def ranked_children(self, node: int, width: int) -> list[int]:
         """The `width` best children: highest count first, ties to the most recently touched."""
-        if not node.children:
+        children = self._children[node]
+        if not children:
             return []
-        return heapq.nsmallest(width, node.children.values(), key=lambda c: (-c.count, -c.stamp))
+        if len(children) == 1:
+            return list(children.values())
+        count, stamp = self._count, self._stamp
+        key = lambda c: (-count[c], -stamp[c])  # noqa: E731
+        if width == 1:
+            return [min(children.values(), key=key)]
+        return heapq.nsmallest(width, children.values(), key=key)
 
 
 class NgramTrieDrafter:
@@ -254,6 +348,7 @@ class NgramTrieDrafter:
         index: dict[tuple[int, int], int] = {}  # (draft parent, token) -> draft node
         if k < 1 or max_nodes < 1:
             return [], []
+        token_of = self.trie._token
         longest = min(len(history), self.max_match_window)
         for n in range(longest, self.min_match_window - 1, -1):
             matched = self.trie.find(history[len(history) - n :])
@@ -267,10 +362,11 @@ class NgramTrieDrafter:
                 for child in self.trie.ranked_children(node, self.breadth(depth)):
                     if len(drafted) >= max_nodes:
                         break
-                    at = index.get((parent, child.token))
+                    token = token_of[child]
+                    at = index.get((parent, token))
                     if at is None:
-                        drafted.append((child.token, parent))
-                        at = index[(parent, child.token)] = len(drafted)
+                        drafted.append((token, parent))
+                        at = index[(parent, token)] = len(drafted)
                     queue.append((at, child, depth + 1, level + 1))
             if len(drafted) >= max_nodes:
                 break
@@ -283,17 +379,19 @@ class NgramTrieDrafter:
         for rid, tokens in zip(ids, state.tokens):  # everyone's new tokens first, then matching
             self.observe(rid, tokens)
         device = state.tokens[0].device if B else torch.device("cpu")
-        drafts = torch.full((B, M), -1, dtype=torch.int64)  # [B, M]
-        parents = torch.zeros((B, M), dtype=torch.int64)  # [B, M], 0 in unused columns
-        num = torch.zeros(B, dtype=torch.int64)  # [B]
+        flat_tokens = [-1] * (B * M)  # [B * M], filled row by row, one tensor per batch below
+        flat_parents = [0] * (B * M)  # 0 in unused columns
+        counts = [0] * B
         for b, tokens in enumerate(state.tokens):
             tail = tokens[-self.max_match_window :].tolist()  # [<= max_match_window] the windows
             toks, pars = self.draft(tail, state.k, M)
             m = len(toks)
-            if m:
-                drafts[b, :m] = torch.tensor(toks, dtype=torch.int64)
-                parents[b, :m] = torch.tensor(pars, dtype=torch.int64)
-            num[b] = m
+            flat_tokens[b * M : b * M + m] = toks
+            flat_parents[b * M : b * M + m] = pars
+            counts[b] = m
+        drafts = torch.tensor(flat_tokens, dtype=torch.int64).view(B, M)  # [B, M]
+        parents = torch.tensor(flat_parents, dtype=torch.int64).view(B, M)  # [B, M]
+        num = torch.tensor(counts, dtype=torch.int64)  # [B]
         return DraftProposal(
             tokens=drafts.to(device), num_tokens=num.to(device), probs=None, parents=parents.to(device)
         )
