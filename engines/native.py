@@ -28,7 +28,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from specbench.kernels.attention import decode as attention_kernel, mask as attention_mask
-from specbench.kernels.attention import reference as attention_reference, supported as attention_supported
+from specbench.kernels.attention import places as attention_places, reference as attention_reference
+from specbench.kernels.attention import supported as attention_supported
 from specbench.kernels.gemv import project, rms_norm
 
 FAMILIES = ("llama", "mistral", "qwen2")
@@ -90,30 +91,30 @@ def fused_attend(xq: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch
 
 # The attention of a layer, from its qkv projection: RoPE, the cache write and attention, with
 # one signature. matmul and sdpa are the torch composition (specbench.kernels.attention.reference)
-# over the mask built once per forward; kernel is its Triton kernel, which reads the lengths and
-# ancestors instead of the mask.
-def matmul_attention(*args, mask):
-    return attention_reference(*args, mask=mask)
+# over `where` = (mask, (rows, slots)) built once per forward; kernel is its Triton kernel, which
+# reads the lengths and ancestors instead (where is None).
+def matmul_attention(*args, where):
+    return attention_reference(*args, mask=where[0], places=where[1])
 
 
-def sdpa_attention(*args, mask):
-    return attention_reference(*args, mask=mask, attend=fused_attend)
+def sdpa_attention(*args, where):
+    return attention_reference(*args, mask=where[0], places=where[1], attend=fused_attend)
 
 
-def kernel_attention(*args, mask):
+def kernel_attention(*args, where):
     return attention_kernel(*args)
 
 
-def block(s: Shape, attention, x, cos, sin, mask, k_cache, v_cache, lengths, ancestors,
+def block(s: Shape, attention, x, cos, sin, where, k_cache, v_cache, lengths, ancestors,
           attention_norm, wqkv, bqkv, wo, ffn_norm, w13, w2, kernels: bool = False):
     """One decoder layer as a function of its weights, so that one compiled function serves
-    every layer. x: [B, q, D]; cos, sin: [B, q, 1, hd]; mask: [B, 1, G*q, S] bool (None for
-    kernel_attention); k_cache, v_cache: [B, Hkv, S, hd]; lengths [B], ancestors [B, q, q]: where
+    every layer. x: [B, q, D]; cos, sin: [B, q, 1, hd]; where: (mask [B, 1, G*q, S] bool,
+    (rows [B, 1], slots [B, q])) for the torch attentions, None for kernel_attention; k_cache, v_cache: [B, Hkv, S, hd]; lengths [B], ancestors [B, q, q]: where
     the new entries go and what they see; attention: one of the *_attention functions above.
     kernels: the projections through specbench.kernels.gemv where it applies (one input row:
     the norms, the MLP activation and the residual adds folded into them)."""
     qkv = project(x, wqkv, bqkv, norm=attention_norm, eps=s.eps, kernel=kernels)
-    o = attention(qkv, cos, sin, k_cache, v_cache, lengths, ancestors, s.heads, s.kv_heads, mask=mask)  # [B, q, H*hd]
+    o = attention(qkv, cos, sin, k_cache, v_cache, lengths, ancestors, s.heads, s.kv_heads, where=where)  # [B, q, H*hd]
     x = project(o, wo, residual=x, kernel=kernels)
     h = project(x, w13, norm=ffn_norm, eps=s.eps, glu=True, kernel=kernels)  # [B, q, hidden]
     return project(h, w2, residual=x, kernel=kernels)
@@ -158,9 +159,9 @@ class Transformer(nn.Module):
         B, q = tokens.shape
         S = cache_k.shape[3]
         if attention is kernel_attention:  # the kernel reads lengths and ancestors (int8) for a mask
-            mask, ancestors = None, ancestors.to(torch.int8)
+            where, ancestors = None, ancestors.to(torch.int8)
         else:
-            mask = attention_mask(lengths, ancestors, S, s.heads // s.kv_heads)
+            where = attention_mask(lengths, ancestors, S, s.heads // s.kv_heads), attention_places(lengths, q, S)
         freqs = (lengths[:, None] + depth).float()[..., None] * self.inv_freq  # [B, q, hd / 2]
         angles = torch.cat([freqs, freqs], -1)[:, :, None]  # [B, q, 1, hd]
         x = self.tok_embeddings(tokens)
@@ -170,7 +171,7 @@ class Transformer(nn.Module):
         for i, weights in enumerate(self.layers):
             if i in feature_layers:
                 states[i] = x
-            x = layer(s, attention, x, cos, sin, mask, cache_k[i], cache_v[i], lengths, ancestors,
+            x = layer(s, attention, x, cos, sin, where, cache_k[i], cache_v[i], lengths, ancestors,
                       *weights.weights, kernels=kernels)
         x = self.norm(x)
         states[s.layers] = x

@@ -98,22 +98,31 @@ def mask(lengths: torch.Tensor, ancestors: torch.Tensor, S: int, G: int) -> torc
     return visible[:, None, None].expand(B, 1, G, q, S).reshape(B, 1, G * q, S)
 
 
-_mask = mask  # reference() takes a precomputed mask under the same name
+def places(lengths: torch.Tensor, q: int, S: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where the q new entries of each row go: rows [B, 1] and slots [B, q] = lengths + j,
+    clamped to the last slot S - 1 (the index pair of reference's cache write)."""
+    rows = torch.arange(lengths.shape[0], device=lengths.device)[:, None]  # [B, 1]
+    slots = (lengths[:, None] + torch.arange(q, device=lengths.device)).clamp(max=S - 1)  # [B, q]
+    return rows, slots
+
+
+_mask, _places = mask, places  # reference() takes precomputed ones under the same names
 
 
 def reference(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
               v_cache: torch.Tensor, lengths: torch.Tensor, ancestors: torch.Tensor, heads: int,
-              kv_heads: int, mask: Optional[torch.Tensor] = None, attend: Callable = attend) -> torch.Tensor:
+              kv_heads: int, mask: Optional[torch.Tensor] = None, attend: Callable = attend,
+              places: Optional[tuple] = None) -> torch.Tensor:
     """decode() in torch, as native's block does it: -> o [B, q, heads*hd]; writes the caches.
-    mask: [B, 1, G*q, S] bool as `mask` builds it (native builds it once per forward), or None;
+    mask: [B, 1, G*q, S] bool as `mask` builds it, and places: (rows, slots) as `places` builds
+    them, or None to build them here (native builds both once per forward, not per layer);
     attend: `attend`, or a function of the same signature (native's sdpa one)."""
     B, q, _ = qkv.shape
     S, hd = k_cache.shape[2], k_cache.shape[3]
     G = heads // kv_heads
     if mask is None:
         mask = _mask(lengths, ancestors, S, G)
-    rows = torch.arange(B, device=qkv.device)[:, None]  # [B, 1]
-    slots = (lengths[:, None] + torch.arange(q, device=qkv.device)).clamp(max=S - 1)  # [B, q]
+    rows, slots = places if places is not None else _places(lengths, q, S)
     xq, xk, xv = qkv.split([heads * hd, kv_heads * hd, kv_heads * hd], -1)
     xq = rotate(xq.view(B, q, heads, hd), cos, sin)
     xk = rotate(xk.view(B, q, kv_heads, hd), cos, sin)

@@ -122,8 +122,10 @@ def test_reference_spelled_out(dtype):
     o = attention.attend(xq, cache_k[1], cache_v[1], mask)
     o = o.view(B, Hkv, G, q, hd).permute(0, 3, 1, 2, 4).reshape(B, q, H * hd)
 
-    for given in (None, mask):
-        got, got_k, got_v = run(attention.reference, case, mask=given)
+    places = attention.places(case["lengths"], q, S)
+    assert torch.equal(places[0], rows) and torch.equal(places[1], slots)
+    for given, where in ((None, None), (mask, None), (mask, places)):
+        got, got_k, got_v = run(attention.reference, case, mask=given, places=where)
         assert torch.equal(got, o) and torch.equal(got_k, cache_k) and torch.equal(got_v, cache_v)
 
 
