@@ -542,3 +542,20 @@ def test_kernel_bench_tiny(tmp_path):
     assert {r["kernel"] for r in rows} == {"chain", "tree", "ngram", "attention"} and len(rows) == len(results["rows"])
     assert all(r["equal"] for r in rows if r["kernel"] == "attention")
     assert all(r["kernel_ms"] > 0 and r["floor_bytes"] > 0 and r["torch_ms"] > 0 for r in rows)
+
+
+def test_the_kernels_directory_hands_its_top_level_name_over(tmp_path):
+    """Run from the repository root, `import kernels` finds kernels/ first; it must yield the
+    Hugging Face `kernels` package that transformers (5.25 on) imports when there is one (here a
+    stand-in on sys.path after the root); when there is none, the directory itself, as before."""
+    site = tmp_path / "site"
+    (site / "kernels").mkdir(parents=True)
+    (site / "kernels" / "__init__.py").write_text("MARK = 'hub'\n")
+    probe = "import kernels; print(getattr(kernels, 'MARK', kernels.__file__))"
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "hub", out.stderr[-2000:]
+    env.pop("PYTHONPATH")
+    out = subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, ''); " + probe], cwd=ROOT,
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == str(ROOT / "kernels" / "__init__.py"), out.stderr[-2000:]
