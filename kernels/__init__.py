@@ -19,8 +19,10 @@ import importlib.machinery
 import importlib.util
 import os
 import sys
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 
 def _hand_over() -> None:

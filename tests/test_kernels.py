@@ -555,7 +555,7 @@ def test_the_kernels_directory_hands_its_top_level_name_over(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(site)}
     out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "hub", out.stderr[-2000:]
-    env.pop("PYTHONPATH")
-    out = subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, ''); " + probe], cwd=ROOT,
+    env.pop("PYTHONPATH")  # and -S: no site-packages, so no hub package even where one is installed
+    out = subprocess.run([sys.executable, "-S", "-c", "import sys; sys.path.insert(0, ''); " + probe], cwd=ROOT,
                          capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == str(ROOT / "kernels" / "__init__.py"), out.stderr[-2000:]
