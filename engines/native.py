@@ -243,6 +243,11 @@ class NativeEngine:
         if compile_scope not in COMPILE_SCOPES:
             raise ValueError(f"compile_scope={compile_scope}: valid scopes: {', '.join(COMPILE_SCOPES)}")
         whole = compile and compile_scope == "model"
+        if compile and kernels:
+            # specbench.kernels.attention takes q as a launch constant, so dynamo compiles once
+            # per q (CUDA graphs are captured per q anyway): a sweep over k, or t(q) for q = 1..33,
+            # passes dynamo's default limit of 8 recompiles, which fullgraph makes an error.
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 256)
         self._layer = torch.compile(block, fullgraph=True, mode=compile_mode) if compile and not whole else block
         self._forward = torch.compile(model.forward, fullgraph=True, mode=compile_mode) if whole else model.forward
         self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
@@ -254,6 +259,7 @@ class NativeEngine:
         else:
             self._attention = matmul_attention if rows * s.kv_heads < FUSED_FROM else sdpa_attention
         self._graphs: dict = {}  # (q, tree) -> (graph, static inputs, static outputs)
+        self._chains: dict = {}  # q -> a chain's (depth [q], ancestors [q, q]) on the device
 
     @property
     def length(self) -> list:
@@ -285,7 +291,9 @@ class NativeEngine:
         assert B == self.rows, (B, self.rows)
         tree = depth is not None
         if not tree:
-            d, a = chain(q, self.device)
+            if q not in self._chains:
+                self._chains[q] = chain(q, self.device)
+            d, a = self._chains[q]
             depth, ancestors = d.expand(B, q), a.expand(B, q, q)
         inputs = (tokens.to(self.device), self.lengths, depth.to(self.device), ancestors.to(self.device))
         if not self.cuda_graphs:
@@ -338,4 +346,6 @@ class NativeEngine:
             dst = torch.arange(start, start + len(k), device=self.device)
             self.cache_k[:, b, :, dst] = self.cache_k[:, b, :, src]  # gather copies before the write
             self.cache_v[:, b, :, dst] = self.cache_v[:, b, :, src]
-        self.lengths += torch.tensor([len(k) for k in keep], device=self.device)
+        # From pinned memory, asynchronously: a pageable copy would wait for the GPU to drain.
+        kept = torch.tensor([len(k) for k in keep], pin_memory=self.device.type == "cuda")
+        self.lengths += kept.to(self.device, non_blocking=True)

@@ -29,6 +29,7 @@ import torch
 
 from specbench import provenance
 from specbench.engines.native import NativeEngine, Transformer
+from specbench.kernels import pdl as pdl_mod
 
 LLAMA_8B = dict(
     vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
@@ -86,16 +87,23 @@ def build_hf(shape: dict, device, dtype):
 
 
 def native_decode(native, ctx: int, device, compile: bool, steps: int, mode=None, scope="layer",
-                  kernels: bool = False) -> dict:
+                  kernels: bool = False, pdl: bool = True) -> dict:
     """Decode steps at batch 1 after a prefill of ctx random tokens: the engine's own loop
-    (inputs copied in, one graph replay, lengths moved), and the graph replay alone."""
+    (inputs copied in, one graph replay, lengths moved), and the graph replay alone. The token
+    lives on the device, as a sampled one does. pdl=False: the kernels without programmatic
+    dependent launch (kernels/pdl.py)."""
     if mode is not None:
         torch._dynamo.reset()  # compiled code is cached per function: forget the default mode's
-    engine = NativeEngine(native, 1, ctx + steps * 8 + 64, compile=compile, compile_mode=mode, compile_scope=scope,
-                          kernels=kernels)
-    prompt = torch.randint(0, native.s.vocab_size, (ctx,), device=device)
-    engine.prefill(0, prompt)
-    token = torch.randint(0, native.s.vocab_size, (1, 1))
+    saved, pdl_mod.ENABLED = pdl_mod.ENABLED, pdl
+    try:  # PDL is decided at capture
+        engine = NativeEngine(native, 1, ctx + steps * 8 + 64, compile=compile, compile_mode=mode,
+                              compile_scope=scope, kernels=kernels)
+        prompt = torch.randint(0, native.s.vocab_size, (ctx,), device=device)
+        engine.prefill(0, prompt)
+        token = torch.randint(0, native.s.vocab_size, (1, 1), device=device)
+        engine.forward(token)  # captures the graph
+    finally:
+        pdl_mod.ENABLED = saved
     done = [0]
 
     def step():  # one decode step, the sampled token excluded; the cache returns to ctx every 8 steps
@@ -238,7 +246,7 @@ def main(argv=None) -> int:
                          "max-autotune variants (one layer, the whole forward)")
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--kernels", action="store_true",
-                    help="engine.kernels: a adds each native variant with the kernels beside it; b and m run with them")
+                    help="engine.kernels: a adds each native variant with the kernels beside it; b and m run with them, in eager layers")
     args = ap.parse_args(argv)
     kernels = args.kernels
     parts = set(args.parts.split(","))
@@ -273,6 +281,9 @@ def main(argv=None) -> int:
             attempt(results, "native_graphs" + suffix, lambda: native_decode(native, ctx, device, False, steps, kernels=k), args.out)
             attempt(results, "native_compiled_graphs" + suffix,
                     lambda: native_decode(native, ctx, device, True, steps, kernels=k), args.out)
+        if kernels:  # the same kernels, each launched only once its predecessor has finished
+            attempt(results, "native_graphs_kernels_nopdl",
+                    lambda: native_decode(native, ctx, device, False, steps, kernels=True, pdl=False), args.out)
         attempt(results, "hf_static_compiled", lambda: hf_static_compiled(model, ctx, device, steps), args.out)
         attempt(results, "hf_generate", lambda: hf_generate(model, ctx, device), args.out)
     if "b" in parts or "m" in parts:
@@ -282,11 +293,13 @@ def main(argv=None) -> int:
     if "b" in parts:
         qs = list(range(1, 34))
         for c in ((32, 128) if args.tiny else (512, 4096)):
-            attempt(results, f"verify_ctx{c}", lambda: verify_curve(native, c, device, True, qs, max(steps // 2, 1), kernels),
-                    args.out)
+            # with the kernels, eager layers: as fast as compiled ones (a), and no compile per q
+            attempt(results, f"verify_ctx{c}",
+                    lambda: verify_curve(native, c, device, not kernels, qs, max(steps // 2, 1), kernels), args.out)
     if "m" in parts:
         attempt(results, "memory_batch48_ctx4096",
-                lambda: memory_batch48(native, 128 if args.tiny else 4096, device, 48, steps, True, kernels), args.out)
+                lambda: memory_batch48(native, 128 if args.tiny else 4096, device, 48, steps, not kernels, kernels),
+                args.out)
     if "fused" in parts:
         attempt(results, "attention_crossover", lambda: attention_crossover(
             native, device, (128,) if args.tiny else (512, 4096), (1, 4) if args.tiny else (1, 2, 4, 8, 16, 32, 48),
@@ -307,8 +320,8 @@ def print_table(r: dict) -> None:
     print(f"\n{r['device']}  torch {r['torch']}  transformers {r['transformers']}  {r['date']}  sha {r['git_sha']}")
     print(f"weights {r['weight_bytes'] / 1e9:.2f} GB, copy bandwidth {r['copy_bandwidth'] / 1e12:.2f} TB/s, floor {floor:.2f} ms")
     print("a. decode at batch 1                     ms/token   x floor")
-    native_keys = ("native_graphs", "native_graphs_kernels", "native_compiled_graphs", "native_compiled_graphs_kernels",
-                   "native_autotune_graphs", "native_model_autotune_graphs")
+    native_keys = ("native_graphs", "native_graphs_kernels", "native_graphs_kernels_nopdl", "native_compiled_graphs",
+                   "native_compiled_graphs_kernels", "native_autotune_graphs", "native_model_autotune_graphs")
     for key in native_keys + ("hf_static_compiled", "hf_generate"):
         v = r.get(key, {})
         if "ms" in v:

@@ -2,9 +2,9 @@
 # The GPU checks of engine.kernels (issue 6) in one device call, no model to carry:
 #   bash experiments/kernels_suite.sh OUT
 # tests      the kernels' GPU tests (attention: bf16 bit-identical caches, compile + CUDA graph
-#            replay; gemv; the engine against transformers with the kernels)
+#            replay; gemv; the engine against transformers with the kernels, in CUDA graphs, with PDL)
 # engine     engine_bench --parts a,b,m --kernels: decode at batch 1 with and without the kernels
-#            side by side (and transformers' compiled step, generate), t(q), batch 48
+#            (and without PDL) side by side, transformers' compiled step, generate; t(q), batch 48
 # attention  kernel_bench --kernels attention: one 8B layer against the engine's torch path
 # fused      engine_bench --parts fused: matmul, PyTorch's fused and the kernel attention over batches
 # PARTS picks a subset (default: all four, in that order); each part's log is OUT/<part>.log.
@@ -18,7 +18,7 @@ tiny=()
 mkdir -p "$out"
 step() { local name=$1; shift; echo "== $name: $*"; "$@" > "$out/$name.log" 2>&1; echo "   exit $?"; tail -n 15 "$out/$name.log"; }
 [[ $parts == *" tests "* ]] && step tests "$py" -m pytest -q tests/test_attention.py tests/test_gemv.py \
-    tests/test_engines.py::test_attention_kernel_in_the_engine
+    tests/test_engines.py::test_attention_kernel_in_the_engine tests/test_engines.py::test_all_kernels_in_cuda_graphs_match_transformers
 [[ $parts == *" engine "* ]] && step engine "$py" experiments/engine_bench.py "$out/engine" --parts a,b,m --kernels "${tiny[@]}"
 [[ $parts == *" attention "* ]] && step attention "$py" experiments/kernel_bench.py "$out/attention" --kernels attention "${tiny[@]}"
 [[ $parts == *" fused "* ]] && step fused "$py" experiments/engine_bench.py "$out/fused" --parts fused "${tiny[@]}"

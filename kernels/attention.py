@@ -30,7 +30,8 @@ below the length, so the write races with no read. Each program keeps an online-
 grid (row tiles, B Hkv), merges a row's partials into o, in o's [B, q, H hd] layout.
 
 Rounding as in torch: RoPE rounds x cos, rot sin and their sum to the dtype, so the cache gets
-the reference's bits (compiled without FMA contraction for the same reason); scores are
+the reference's bits (compiled without FMA contraction for the same reason, and for bf16 the
+products rounded in integer arithmetic, which no compiler contracts); scores are
 fp32, scaled by hd^-0.5 (folded with log2 e for exp2); probabilities are cast to the value dtype
 before the P V product, as `attend` does. Only the order of the fp32 sums and the online
 softmax differ, and `attend` rounds its scores to a 16-bit dtype where the kernel does not.
@@ -59,6 +60,8 @@ import torch
 try:
     import triton
     import triton.language as tl
+
+    from .pdl import launch_options, wait_and_release
 except ImportError:  # CPU installs without triton: `reference` still runs
     triton = None
 
@@ -149,9 +152,22 @@ if triton is not None:
         c = tl.load(cos_ptr + cs_off + rd, mask=ok, other=0.0).to(tl.float32)
         s = tl.load(sin_ptr + cs_off + rd, mask=ok, other=0.0).to(tl.float32)
         dtype = x.dtype
-        a = (x.to(tl.float32) * c).to(dtype).to(tl.float32)
-        b = (rot * s).to(dtype).to(tl.float32)
+        a = _round(x.to(tl.float32) * c, dtype)
+        b = _round(rot * s, dtype)
         return (a + b).to(dtype)
+
+    @triton.jit
+    def _round(x, dtype: tl.constexpr):
+        # x: fp32 -> x rounded to dtype, as fp32. bf16 in integer arithmetic (to nearest even
+        # on the top 16 bits; x finite): no float op between the product and the sum that a
+        # compiler could contract into an FMA, enable_fp_fusion or not (torch.compile cannot
+        # pass that option), so the keys are torch's bits under torch.compile too.
+        if dtype == tl.bfloat16:
+            bits = x.to(tl.uint32, bitcast=True)
+            bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+            return bits.to(tl.float32, bitcast=True)
+        else:
+            return x.to(dtype).to(tl.float32)
 
     @triton.jit
     def _prefix_block(xq, k_row, v_row, start, hi, s_ks, s_vs, m_i, l_i, acc, QK_SCALE: tl.constexpr,
@@ -178,12 +194,13 @@ if triton is not None:
                   S, QK_SCALE: tl.constexpr,
                   Q: tl.constexpr, G: tl.constexpr, H: tl.constexpr, HKV: tl.constexpr, HD: tl.constexpr,
                   SPLITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_Q: tl.constexpr,
-                  PRECISION: tl.constexpr, COMPILED: tl.constexpr):
+                  PRECISION: tl.constexpr, COMPILED: tl.constexpr, PDL: tl.constexpr):
         # qkv: [B, Q, (H + 2 HKV) HD]; cos, sin: [B, Q, 1, HD]; k, v: [B, HKV, S, HD] (last dims
         # contiguous); len: [B] int64; anc: [B, Q, Q] int8; m, l: [B HKV, SPLITS + 1, M] fp32;
         # acc: [B HKV, SPLITS + 1, M, HD] fp32. Scores are in log2 units (QK_SCALE has log2 e).
         # QK_SCALE is a compile-time constant: under torch.compile a float argument arrives as
         # fp64, and would make the scores and the loop-carried max fp64.
+        wait_and_release(PDL)  # qkv is the previous kernel's output
         split = tl.program_id(0)
         tile = tl.program_id(1)
         bh = tl.program_id(2)
@@ -263,9 +280,10 @@ if triton is not None:
     def _combine(m_ptr, l_ptr, acc_ptr, len_ptr, o_ptr, s_ob, s_oi, S,
                  Q: tl.constexpr, G: tl.constexpr, HKV: tl.constexpr, HD: tl.constexpr,
                  SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_R: tl.constexpr,
-                 COMPILED: tl.constexpr):
+                 COMPILED: tl.constexpr, PDL: tl.constexpr):
         # m, l, acc: as _partials wrote them; o: [B, Q, H HD] in the model dtype. Reads the new
         # entries' partial and the prefix splits that ran (those with lo < length).
+        wait_and_release(PDL)
         tile = tl.program_id(0)
         bh = tl.program_id(1)
         b = (bh // HKV).to(tl.int64)
@@ -380,10 +398,11 @@ def decode(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: tor
     anc = ancestors if ancestors.dtype == torch.int8 else ancestors.to(torch.int8)
     fp32 = qkv.dtype == torch.float32
     # No FMA contraction, or RoPE's x cos + rot sin would not round as torch's does. A compile
-    # option of Triton's launcher, left out under torch.compile (which launches the kernel
-    # itself, and whose own RoPE does not round between the products either): there the keys
-    # may differ from eager torch's in the last bit.
-    options = {} if torch.compiler.is_compiling() else {"enable_fp_fusion": False}
+    # option of Triton's launcher, left out under torch.compile, which launches the kernel
+    # itself: there bf16 keys still get torch's bits (_round rounds them in integers), fp16 and
+    # fp32 keys may differ in the last bit. PDL (kernels/pdl.py) where it applies.
+    pdl = launch_options(qkv.device)
+    options = {} if torch.compiler.is_compiling() else {"enable_fp_fusion": False, **pdl}
     _partials[(splits + 1, tiles, B * kv_heads)](
         qkv, cos, sin, k_cache, v_cache, lengths, anc, m, l, acc,
         qkv.stride(0), qkv.stride(1), cos.stride(0), cos.stride(1),
@@ -392,11 +411,11 @@ def decode(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: tor
         anc.stride(0), anc.stride(1), anc.stride(2), S, QK_SCALE=hd**-0.5 * LOG2E,
         Q=q, G=G, H=heads, HKV=kv_heads, HD=hd, SPLITS=splits, BLOCK_M=block_m, BLOCK_S=block_s,
         BLOCK_Q=max(16, _pow2(q)), PRECISION="ieee" if fp32 else "tf32",
-        COMPILED=not INTERPRETED, num_warps=num_warps, **options)
+        COMPILED=not INTERPRETED, PDL=bool(pdl), num_warps=num_warps, **options)
     block_r = min(16, max(4, _pow2(M)))
     _combine[(_cdiv(M, block_r), B * kv_heads)](
         m, l, acc, lengths, o, o.stride(0), o.stride(1), S,
         Q=q, G=G, HKV=kv_heads, HD=hd, SPLITS=splits, BLOCK_S=block_s, BLOCK_R=block_r,
-        COMPILED=not INTERPRETED, num_warps=4)
+        COMPILED=not INTERPRETED, PDL=bool(pdl), num_warps=4, **pdl)
     return o
 

@@ -8,14 +8,18 @@ computes a decoder layer's projections with what surrounds them folded in, one k
     glu        y = silu(x W_gate^T) * (x W_up^T) for W = [W_gate; W_up], the MLP's activation
     residual   y = r + x W^T                  the residual add as an epilogue
 
-and falls back to the same composition in torch wherever the kernel does not apply (CPU, more
-than 16 rows, odd widths): one function is both the kernel's entry and its reference. The
-kernel rounds to the input dtype wherever the torch composition does, so the two agree to the
-last bit but for the order of the fp32 sums.
+and falls back to the same composition in torch wherever the kernels do not apply (CPU, a
+bias, more than 16 rows, odd widths): one function is both the kernels' entry and their
+reference. Both kernels take every fold, so a speculative verify forward (2 to 16 positions, or
+a few rows) runs each projection in one kernel as a decode step does. The kernels round to the
+input dtype wherever the torch composition does, so the two agree to the last bit but for the
+order of the fp32 sums (and, for fp32 inputs of 2 to 16 rows on a GPU, tl.dot's TF32 products).
 
 One program owns BLOCK_N output columns (rows of W; with glu the matching rows of both
 halves) and walks K in BLOCK_K tiles. One input row keeps a [BLOCK_N, BLOCK_K] fp32 partial
-sum reduced once at the end; 2 to 16 rows are padded to 16 for a tensor-core product.
+sum reduced once at the end; 2 to 16 rows are padded to 16 for a tensor-core product into a
+[16, BLOCK_N] fp32 sum (with glu a second one for the up half), with the norm's per-row rstd
+from a first pass over x.
 
 Letters: M input rows, K input width, N output width (H per half with glu).
 """
@@ -30,6 +34,8 @@ import torch.nn.functional as F
 try:
     import triton
     import triton.language as tl
+
+    from .pdl import launch_options, wait_and_release
 except ImportError:  # CPU installs without triton: project() runs the torch composition
     triton = None
 
@@ -65,10 +71,21 @@ if triton is not None:
             ss += v * v
         return tl.rsqrt(tl.sum(ss, axis=0) / K + eps)
 
+    @triton.jit
+    def _x_tile(x_ptr, g_ptr, x_off, g_off, ok, rstd, NORM: tl.constexpr, dtype: tl.constexpr):
+        # A tile of x at offsets x_off (rows where ok), normalised with rstd where NORM (a scalar,
+        # or [rows, 1]) and rounded as rms_norm rounds: h to the dtype, then times gamma [g_off]
+        # in the dtype.
+        x = tl.load(x_ptr + x_off, mask=ok, other=0.0)
+        if NORM:
+            h = (x.to(tl.float32) * rstd).to(dtype).to(tl.float32)
+            x = (h * tl.load(g_ptr + g_off).to(tl.float32)).to(dtype)
+        return x
+
     @triton.autotune(configs=_CONFIGS, key=["N", "K", "NORM", "GLU", "RESIDUAL"])
     @triton.jit
     def _vector_kernel(x_ptr, w_ptr, y_ptr, g_ptr, r_ptr, N, K: tl.constexpr, eps,
-                       NORM: tl.constexpr, GLU: tl.constexpr, RESIDUAL: tl.constexpr,
+                       NORM: tl.constexpr, GLU: tl.constexpr, RESIDUAL: tl.constexpr, PDL: tl.constexpr,
                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
         # x: [K], w: [N, K] (GLU: [2N, K]), y, r: [N], g: [K]; K % BLOCK_K == 0 (the caller checks).
         # K is a compile-time constant: a few widths per model, and loops the compiler can unroll.
@@ -77,17 +94,20 @@ if triton is not None:
         rk = tl.arange(0, BLOCK_K)  # [BLOCK_K]
         n_ok = rn < N
         dtype = y_ptr.dtype.element_ty
-        if NORM:
-            rstd = _rstd(x_ptr, K, eps, BLOCK_K)
         w_ptrs = w_ptr + rn[:, None] * K + rk[None, :]  # [BLOCK_N, BLOCK_K]
-        acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-        acc_up = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            x = tl.load(x_ptr + k0 + rk)
-            if NORM:  # rounded as rms_norm rounds: h to the dtype, then times gamma in the dtype
-                h = (x.to(tl.float32) * rstd).to(dtype).to(tl.float32)
-                x = (h * tl.load(g_ptr + k0 + rk).to(tl.float32)).to(dtype)
-            x = x.to(tl.float32)[None, :]
+        # The first weight tile depends on no earlier kernel: with PDL it streams in while the
+        # previous kernel finishes. Then the first step, then the loop over the rest of K.
+        w = tl.load(w_ptrs, mask=n_ok[:, None], other=0.0, eviction_policy="evict_first")
+        if GLU:
+            up = tl.load(w_ptrs + N * K, mask=n_ok[:, None], other=0.0, eviction_policy="evict_first")
+        wait_and_release(PDL)  # x (and the residual) are the previous kernel's
+        rstd = _rstd(x_ptr, K, eps, BLOCK_K) if NORM else 1.0
+        x_ok = rk < K  # [BLOCK_K], all true
+        x = _x_tile(x_ptr, g_ptr, rk, rk, x_ok, rstd, NORM, dtype).to(tl.float32)[None, :]  # [1, BLOCK_K]
+        acc = w.to(tl.float32) * x  # [BLOCK_N, BLOCK_K]
+        acc_up = up.to(tl.float32) * x if GLU else acc
+        for k0 in range(BLOCK_K, K, BLOCK_K):
+            x = _x_tile(x_ptr + k0, g_ptr + k0, rk, rk, x_ok, rstd, NORM, dtype).to(tl.float32)[None, :]
             w = tl.load(w_ptrs + k0, mask=n_ok[:, None], other=0.0, eviction_policy="evict_first")
             acc += w.to(tl.float32) * x
             if GLU:
@@ -101,25 +121,67 @@ if triton is not None:
             y = y.to(dtype).to(tl.float32) + tl.load(r_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)
         tl.store(y_ptr + rn, y.to(dtype), mask=n_ok)
 
-    @triton.autotune(configs=[triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=3)
-                              for bn in (16, 32, 64) for bk in (128, 256) for w in (4, 8)], key=["M", "N", "K"])
+    _ROWS_CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=3)
+                     for bn in (16, 32, 64) for bk in (128, 256) for w in (4, 8)]
+
     @triton.jit
-    def _rows_kernel(x_ptr, w_ptr, y_ptr, M, N, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-        # x: [M <= 16, K], w: [N, K], y: [M, N]: the rows padded to 16 for one tensor-core product
+    def _rows_rstd(x_ptrs, x_ok, K: tl.constexpr, eps, BLOCK_K: tl.constexpr):
+        # x_ptrs: [16, BLOCK_K] at k = 0, x_ok: [16, 1] -> rstd: [16] (1 / eps ** 0.5 on the padding rows)
+        ss = tl.zeros((16, BLOCK_K), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            v = tl.load(x_ptrs + k0, mask=x_ok, other=0.0).to(tl.float32)
+            ss += v * v
+        return tl.rsqrt(tl.sum(ss, axis=1) / K + eps)
+
+    @triton.autotune(configs=_ROWS_CONFIGS, key=["M", "N", "K", "NORM", "GLU", "RESIDUAL"])
+    @triton.jit
+    def _rows_kernel(x_ptr, w_ptr, y_ptr, g_ptr, r_ptr, M, N, K: tl.constexpr, eps, PRECISION: tl.constexpr,
+                     NORM: tl.constexpr, GLU: tl.constexpr, RESIDUAL: tl.constexpr, PDL: tl.constexpr,
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        # x: [M <= 16, K], w: [N, K] (GLU: [2N, K]), y, r: [M, N], g: [K]; K % BLOCK_K == 0.
+        # The rows padded to 16 for one tensor-core product a tile; the folds, the first weight
+        # tile before the wait and the first step peeled as in _vector_kernel.
         pid = tl.program_id(0)
         rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]
         rk = tl.arange(0, BLOCK_K)  # [BLOCK_K]
         rm = tl.arange(0, 16)  # [16]
         n_ok, m_ok = rn < N, rm < M
+        dtype = y_ptr.dtype.element_ty
         w_ptrs = w_ptr + rn[:, None] * K + rk[None, :]  # [BLOCK_N, BLOCK_K]
-        x_ptrs = x_ptr + rm[:, None] * K + rk[None, :]  # [16, BLOCK_K]
-        acc = tl.zeros((16, BLOCK_N), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
+        x_off = rm[:, None] * K + rk[None, :]  # [16, BLOCK_K]
+        x_ok = m_ok[:, None]
+        w = tl.load(w_ptrs, mask=n_ok[:, None], other=0.0, eviction_policy="evict_first")
+        if GLU:
+            up = tl.load(w_ptrs + N * K, mask=n_ok[:, None], other=0.0, eviction_policy="evict_first")
+        wait_and_release(PDL)
+        # a first pass over x for each row's rstd (x is tiny: re-read from cache)
+        rstd = _rows_rstd(x_ptr + x_off, x_ok, K, eps, BLOCK_K)[:, None] if NORM else 1.0  # [16, 1]
+        x = _x_tile(x_ptr, g_ptr, x_off, rk[None, :], x_ok, rstd, NORM, dtype)  # [16, BLOCK_K]
+        acc = tl.dot(x, tl.trans(w), input_precision=PRECISION)  # [16, BLOCK_N]
+        acc_up = tl.dot(x, tl.trans(up), input_precision=PRECISION) if GLU else acc
+        for k0 in range(BLOCK_K, K, BLOCK_K):
+            x = _x_tile(x_ptr + k0, g_ptr + k0, x_off, rk[None, :], x_ok, rstd, NORM, dtype)
             w = tl.load(w_ptrs + k0, mask=n_ok[:, None], other=0.0, eviction_policy="evict_first")
-            x = tl.load(x_ptrs + k0, mask=m_ok[:, None], other=0.0)
-            acc += tl.dot(x, tl.trans(w))  # [16, BLOCK_N]
-        y_ptrs = y_ptr + rm[:, None] * N + rn[None, :]
-        tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+            acc += tl.dot(x, tl.trans(w), input_precision=PRECISION)
+            if GLU:
+                up = tl.load(w_ptrs + N * K + k0, mask=n_ok[:, None], other=0.0, eviction_policy="evict_first")
+                acc_up += tl.dot(x, tl.trans(up), input_precision=PRECISION)
+        y = acc.to(dtype).to(tl.float32)  # [16, BLOCK_N], rounded like F.linear's output
+        if GLU:
+            up = acc_up.to(dtype).to(tl.float32)
+            y = (y * tl.sigmoid(y)).to(dtype).to(tl.float32) * up
+        mn_ok = m_ok[:, None] & n_ok[None, :]
+        if RESIDUAL:
+            r = tl.load(r_ptr + rm[:, None] * N + rn[None, :], mask=mn_ok, other=0.0)  # [16, BLOCK_N]
+            y = y.to(dtype).to(tl.float32) + r.to(tl.float32)
+        tl.store(y_ptr + rm[:, None] * N + rn[None, :], y.to(dtype), mask=mn_ok)
+
+    # The same kernel for glu, its tiles stopping at BLOCK_N 32: a program reads BLOCK_N rows of
+    # each half (64 would stream 128 weight rows a tile, twice the plain kernel's most, and fill
+    # twice its shared memory over 3 stages) and keeps two [16, BLOCK_N] fp32 sums. A second
+    # autotuner rather than prune_configs_by: torch.compile traces no pruning function then.
+    _rows_glu_kernel = triton.autotune(configs=[c for c in _ROWS_CONFIGS if c.kwargs["BLOCK_N"] <= 32],
+                                       key=["M", "N", "K", "NORM", "GLU", "RESIDUAL"])(_rows_kernel.fn)
 
 
 def supported(x: torch.Tensor, w: torch.Tensor) -> bool:
@@ -133,22 +195,28 @@ def project(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor] = None, 
             norm: Optional[torch.Tensor] = None, eps: float = 1e-6, glu: bool = False,
             residual: Optional[torch.Tensor] = None, kernel: bool = True) -> torch.Tensor:
     """x: [..., K], w: [N, K] (glu: [2H, K]), norm: [K] gamma, residual: [..., N] ->
-    [..., N] (glu: [..., H]). The Triton kernel where `kernel` and `supported`, one row with
-    anything folded in or up to 16 rows of a plain product; else `reference`."""
-    M = x.numel() // x.shape[-1]
-    if not (kernel and b is None and supported(x, w)) or (M > 1 and (norm is not None or glu or residual is not None)):
-        return reference(x, w, b, norm=norm, eps=eps, glu=glu, residual=residual)
+    [..., N] (glu: [..., H]). The Triton kernel where `kernel` and `supported`, for 1 to 16 rows
+    with any of the folds (gamma and the residual in x's dtype, the residual of y's shape: no
+    broadcasting); else `reference`, which a bias always takes."""
     *lead, K = x.shape
+    M = x.numel() // K
     N = w.shape[0] // 2 if glu else w.shape[0]
+    folds_fit = ((norm is None or (norm.dtype == x.dtype and norm.is_contiguous()))
+                 and (residual is None or (residual.dtype == x.dtype and tuple(residual.shape) == (*lead, N))))
+    if not (kernel and b is None and folds_fit and supported(x, w)):
+        return reference(x, w, b, norm=norm, eps=eps, glu=glu, residual=residual)
     x2 = x.reshape(M, K)
     if not x2.is_contiguous():
         x2 = x2.contiguous()
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
+    r = residual.reshape(M, N).contiguous() if residual is not None else y  # y: a pointer left unread
+    g = norm if norm is not None else x2
     grid = lambda meta: (triton.cdiv(N, meta["BLOCK_N"]),)  # noqa: E731
+    pdl = launch_options(x.device)
+    folds = dict(NORM=norm is not None, GLU=glu, RESIDUAL=residual is not None, PDL=bool(pdl), **pdl)
     if M == 1:
-        r = residual.reshape(N) if residual is not None else y
-        _vector_kernel[grid](x2, w, y, norm if norm is not None else x2, r, N, K, eps,
-                             NORM=norm is not None, GLU=glu, RESIDUAL=residual is not None)
-    else:
-        _rows_kernel[grid](x2, w, y, M, N, K)
+        _vector_kernel[grid](x2, w, y, g, r, N, K, eps, **folds)
+    else:  # fp32: full-precision products, not tl.dot's default TF32
+        precision = "ieee" if x.dtype == torch.float32 else "tf32"
+        (_rows_glu_kernel if glu else _rows_kernel)[grid](x2, w, y, g, r, M, N, K, eps, precision, **folds)
     return y.view(*lead, N)

@@ -284,3 +284,36 @@ def test_attention_kernel_in_the_engine():
             for node, branch in enumerate([[0], [0, 1], [0, 2], [0, 1, 3]]):
                 ref = model(torch.cat([history, step[row, branch]])[None]).logits[0, -1]
                 assert rel(logits[row, node], ref) < 1e-4, (row, node)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the projection kernels (specbench.kernels.gemv) run on CUDA only")
+@pytest.mark.parametrize("rows", [1, 2])
+def test_all_kernels_in_cuda_graphs_match_transformers(rows):
+    """engine.kernels where every kernel applies (widths a multiple of 512): the projections with
+    their folds, one row (decode at batch 1) or several (a chain, a batch), attention, all in
+    CUDA graphs and with programmatic dependent launch where the GPU has it. fp32 logits within
+    1e-4 of transformers, after a decode, a chain and a rollback."""
+    pytest.importorskip("triton", reason="the dev extra installs triton on Linux")
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=1000, hidden_size=512, intermediate_size=1024, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    model = LlamaForCausalLM(config).cuda().eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(8.0 if p.dim() > 1 else 1.0)
+    engine = NativeEngine(Transformer.from_hf(model), rows, 64, kernels=True)
+    prompts = [torch.tensor([0, 5, 17, 42, 7], device="cuda"), torch.tensor([0, 88], device="cuda")][:rows]
+    for row, prompt in enumerate(prompts):
+        engine.prefill(row, prompt)
+    histories = [p.tolist() for p in prompts]
+    for step in ([[3]] * rows, [[3, 4, 5, 6]] * rows, [[9]] * rows):  # decode, chain (keep 2), decode
+        inputs = torch.tensor(step, device="cuda")
+        logits = engine.forward(inputs)
+        with torch.no_grad():
+            for row in range(rows):
+                ref = model(torch.tensor(histories[row] + step[row], device="cuda")[None]).logits[0, -len(step[row]):]
+                assert rel(logits[row], ref) < 1e-4, (step, row)
+        keep = min(2, len(step[0]))
+        engine.advance([list(range(keep))] * rows)
+        for row in range(rows):
+            histories[row] += step[row][:keep]

@@ -1,0 +1,59 @@
+"""Programmatic dependent launch (PDL) for the decode kernels (gemv.py, attention.py).
+
+A decode step at batch 1 is about 200 short kernels in a row (6 per layer), and between two of
+them the GPU idles: the next grid is launched only once the previous one has drained, and then
+ramps up. With PDL (Hopper on), a kernel launched with the programmatic-serialization attribute
+may start while its predecessor still runs, once every program of the predecessor has called
+`griddepcontrol.launch_dependents`; it must then call `griddepcontrol.wait` before it touches
+anything the predecessor writes (the wait returns when the predecessor has finished and its
+writes are visible). CUDA graph capture keeps these edges.
+
+Each kernel here takes a constexpr PDL and, when it is set, does `prologue` (what does not
+depend on the previous kernel: its weight tile, say), then `wait_and_release`: wait for the
+predecessor, then let the successor launch. Waiting before releasing keeps at most two grids
+resident, so a successor's waiting programs never hold back a predecessor's unscheduled ones.
+
+`launch_options(device)` is what a launch passes: {"launch_pdl": True} where PDL applies (CUDA,
+compute capability 9 or more, not under torch.compile, which launches user kernels itself),
+else {}. ENABLED switches it off for every kernel, for benchmarks that time both ways.
+"""
+
+from __future__ import annotations
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # CPU installs without triton
+    triton = None
+
+ENABLED = True
+_CAPABLE: dict = {}  # device index -> compute capability >= 9
+
+
+def applies(device: torch.device) -> bool:
+    if not ENABLED or triton is None or device.type != "cuda" or torch.compiler.is_compiling():
+        return False
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _CAPABLE:
+        _CAPABLE[index] = torch.cuda.get_device_capability(index)[0] >= 9
+    return _CAPABLE[index]
+
+
+def launch_options(device: torch.device) -> dict:
+    """Keyword arguments of a Triton launch: the PDL attribute where it applies; pass PDL=bool(...)
+    as the kernel's constexpr alongside."""
+    return {"launch_pdl": True} if applies(device) else {}
+
+
+if triton is not None:
+
+    @triton.jit
+    def wait_and_release(PDL: tl.constexpr):
+        """Wait for the previous kernel's writes, then let the next kernel launch (no-ops
+        without PDL)."""
+        if PDL:
+            gdc_wait()
+            gdc_launch_dependents()
