@@ -111,8 +111,8 @@ def block(s: Shape, attention, x, cos, sin, where, k_cache, v_cache, lengths, an
     every layer. x: [B, q, D]; cos, sin: [B, q, 1, hd]; where: (mask [B, 1, G*q, S] bool,
     (rows [B, 1], slots [B, q])) for the torch attentions, None for kernel_attention; k_cache, v_cache: [B, Hkv, S, hd]; lengths [B], ancestors [B, q, q]: where
     the new entries go and what they see; attention: one of the *_attention functions above.
-    kernels: the projections through specbench.kernels.gemv where it applies (one input row:
-    the norms, the MLP activation and the residual adds folded into them)."""
+    kernels: the projections through specbench.kernels.gemv where it applies (B q <= 16 input
+    rows: the norms, the MLP activation and the residual adds folded into them)."""
     qkv = project(x, wqkv, bqkv, norm=attention_norm, eps=s.eps, kernel=kernels)
     o = attention(qkv, cos, sin, k_cache, v_cache, lengths, ancestors, s.heads, s.kv_heads, where=where)  # [B, q, H*hd]
     x = project(o, wo, residual=x, kernel=kernels)

@@ -1,14 +1,15 @@
 """Where a batch-1 decode step of the Llama-3.1-8B shape spends its time (issue 6, a).
 
   gemv      each projection shape alone, F.linear (cuBLAS) against the Triton kernel of
-            specbench.kernels.gemv, at 1, 9 and 16 rows, and at one row with the norm,
+            specbench.kernels.gemv, at 1, 9 and 16 rows, and at 1 and 9 rows with the norm,
             activation or residual folded in against the same in torch: GB/s against the copy bandwidth.
             Weights rotate over copies larger than L2, so nothing is served from cache.
-  variants  the engine's decode step (prefill 512, CUDA graphs) per variant: ms, graph replay
+  variants  the engine's decode step (prefill 512, CUDA graphs; --q 9: a verify forward of 9
+            positions) per variant: ms, graph replay
             alone, and the profiler's kernel table of the replay (summed kernel time against
             wall time: the difference is launch gaps and tails).
 
-    python experiments/decode_profile.py OUT [--variants eager,layer,...] [--tiny]
+    python experiments/decode_profile.py OUT [--variants eager,layer,...] [--q 9] [--no-gemv] [--tiny]
 
 Writes OUT/decode_profile.json after each measurement and prints tables.
 """
@@ -31,12 +32,13 @@ from engine_bench import LLAMA_8B, TINY, build_hf, copy_bandwidth, median_ms  # 
 
 from specbench import provenance  # noqa: E402
 from specbench.engines.native import NativeEngine, Transformer  # noqa: E402
-from specbench.kernels import gemv  # noqa: E402
+from specbench.kernels import gemv, pdl  # noqa: E402
 
 # name -> (compile, mode, scope, kernels, coordinate descent tuning)
 VARIANTS = {
     "eager": (False, None, "layer", False, False),
     "eager_kernels": (False, None, "layer", True, False),
+    "eager_kernels_nopdl": (False, None, "layer", True, False),  # without kernels/pdl.py's early launch
     "layer": (True, None, "layer", False, False),
     "layer_kernels": (True, None, "layer", True, False),
     "layer_cdt": (True, None, "layer", False, True),
@@ -86,12 +88,14 @@ def gemv_table(shape: dict, device, dtype, bandwidth: float, total: int = 1 << 3
                 row["max_rel_err"] = float((y0.float() - y1.float()).abs().max() / y0.float().abs().max())
             print(row, flush=True)
             rows.append(row)
-        if name in ("wqkv", "w13", "w2") and device.type == "cuda":  # one row with the norm / activation / residual folded in
-            x = torch.randn(1, K, device=device, dtype=dtype)
+        for M in (1, 9) if name in ("wqkv", "wo", "w13", "w2") and device.type == "cuda" else ():
+            # the norm / activation / residual folded in, as the layer calls it
+            x = torch.randn(M, K, device=device, dtype=dtype)
             g = torch.randn(K, device=device, dtype=dtype)
-            r = torch.randn(1, N // 2 if name == "w13" else N, device=device, dtype=dtype)
-            extra = {"wqkv": dict(norm=g), "w13": dict(norm=g, glu=True), "w2": dict(residual=r)}[name]
-            row = {"name": name + "_fused", "N": N, "K": K, "M": 1, "MB": size / 1e6}
+            r = torch.randn(M, N // 2 if name == "w13" else N, device=device, dtype=dtype)
+            extra = {"wqkv": dict(norm=g), "w13": dict(norm=g, glu=True), "wo": dict(residual=r),
+                     "w2": dict(residual=r)}[name]
+            row = {"name": name + "_fused", "N": N, "K": K, "M": M, "MB": size / 1e6}
             for impl, kernel in (("torch", False), ("triton", True)):
                 fn = lambda x, w: gemv.project(x, w, eps=1e-5, kernel=kernel, **extra)  # noqa: E731
                 for w in ws[:2]:
@@ -122,17 +126,22 @@ def kernel_table(prof, steps: int) -> dict:
             "top": [{"name": n[:120], "us_per_step": t / steps, "count_per_step": counts[n] / steps} for n, t in top[:25]]}
 
 
-def variant(native, name: str, ctx: int, device, steps: int) -> dict:
+def variant(native, name: str, ctx: int, device, steps: int, q: int = 1) -> dict:
+    """The forward of q chain positions (q = 1: a decode step; more: a verify forward)."""
     compile, mode, scope, kernels, cdt = VARIANTS[name]
     torch._dynamo.reset()
     import torch._inductor.config as inductor_config
     inductor_config.coordinate_descent_tuning = cdt
     t = time.perf_counter()
-    engine = NativeEngine(native, 1, ctx + 128, compile=compile, compile_mode=mode, compile_scope=scope,
-                          kernels=kernels)
-    engine.prefill(0, torch.randint(0, native.s.vocab_size, (ctx,), device=device))
-    token = torch.randint(0, native.s.vocab_size, (1, 1))
-    logits = engine.forward(token).clone()  # compiles and captures
+    saved, pdl.ENABLED = pdl.ENABLED, not name.endswith("_nopdl")
+    try:  # PDL is decided at capture
+        engine = NativeEngine(native, 1, ctx + 128, compile=compile, compile_mode=mode, compile_scope=scope,
+                              kernels=kernels)
+        engine.prefill(0, torch.randint(0, native.s.vocab_size, (ctx,), device=device))
+        token = torch.randint(0, native.s.vocab_size, (1, q), device=device)
+        logits = engine.forward(token).clone()  # compiles and captures
+    finally:
+        pdl.ENABLED = saved
     out = {"build_s": time.perf_counter() - t}
     reference = NativeEngine(native, 1, ctx + 128, cuda_graphs=False)
     reference.cache_k.copy_(engine.cache_k), reference.cache_v.copy_(engine.cache_v)
@@ -146,7 +155,7 @@ def variant(native, name: str, ctx: int, device, steps: int) -> dict:
 
     out["ms"] = median_ms(step, device, n=steps)
     if engine.cuda_graphs:
-        graph = engine._graphs[(1, False)][0]
+        graph = engine._graphs[(q, False)][0]
         out["replay_ms"] = median_ms(graph.replay, device, n=steps)
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
             for _ in range(10):
@@ -162,13 +171,14 @@ def main(argv=None) -> int:
     ap.add_argument("--variants", default="eager,eager_kernels,layer,layer_kernels,layer_cdt")
     ap.add_argument("--no-gemv", action="store_true")
     ap.add_argument("--tiny", action="store_true")
+    ap.add_argument("--q", type=int, default=1, help="positions per forward: 1 decodes, more verify a chain")
     args = ap.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     shape = TINY if args.tiny else LLAMA_8B
     ctx, steps = (32, 3) if args.tiny else (512, 50)
     results = {"device": provenance.device_name(device), "torch": torch.__version__,
-               "git_sha": provenance.git_sha(), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "ctx": ctx}
+               "git_sha": provenance.git_sha(), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "ctx": ctx, "q": args.q}
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
 
@@ -189,7 +199,7 @@ def main(argv=None) -> int:
     for name in args.variants.split(","):
         t = time.perf_counter()
         try:
-            results[name] = variant(native, name, ctx, device, steps)
+            results[name] = variant(native, name, ctx, device, steps, args.q)
         except Exception as e:
             traceback.print_exc()
             results[name] = {"error": f"{type(e).__name__}: {e}".splitlines()[0]}

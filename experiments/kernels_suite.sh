@@ -7,11 +7,13 @@
 #            (and without PDL) side by side, transformers' compiled step, generate; t(q), batch 48
 # attention  kernel_bench --kernels attention: one 8B layer against the engine's torch path
 # fused      engine_bench --parts fused: matmul, PyTorch's fused and the kernel attention over batches
-# PARTS picks a subset (default: all four, in that order); each part's log is OUT/<part>.log.
+# profile    decode_profile --q Q (default 9): each projection alone with its folds at 1 and 9 rows,
+#            and the profiler's kernel table of a verify forward of Q positions, kernels or not
+# PARTS picks a subset (default: all five, in that order); each part's log is OUT/<part>.log.
 # TINY=1 passes --tiny to the benchmarks (a CPU check of the script, not a measurement).
 set -uo pipefail
 out=${1:?usage: kernels_suite.sh OUT}
-parts=" ${PARTS:-tests engine attention fused} "
+parts=" ${PARTS:-tests engine attention fused profile} "
 py=${PYTHON:-python3}
 tiny=()
 [ -n "${TINY:-}" ] && tiny=(--tiny)
@@ -22,4 +24,6 @@ step() { local name=$1; shift; echo "== $name: $*"; "$@" > "$out/$name.log" 2>&1
 [[ $parts == *" engine "* ]] && step engine "$py" experiments/engine_bench.py "$out/engine" --parts a,b,m --kernels "${tiny[@]}"
 [[ $parts == *" attention "* ]] && step attention "$py" experiments/kernel_bench.py "$out/attention" --kernels attention "${tiny[@]}"
 [[ $parts == *" fused "* ]] && step fused "$py" experiments/engine_bench.py "$out/fused" --parts fused "${tiny[@]}"
+[[ $parts == *" profile "* ]] && step profile "$py" experiments/decode_profile.py "$out/profile" --q "${Q:-9}" \
+    --variants eager_kernels,eager_kernels_nopdl,eager,layer "${tiny[@]}"
 exit 0
