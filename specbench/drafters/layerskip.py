@@ -1,9 +1,10 @@
 """Layer-skip self-speculation: the target's first L layers, its final norm and its LM head are
 the draft (as in LayerSkip / Draft & Verify). No extra weights: the draft shares the target's
 parameters and keeps a KV cache of its own for its L layers, one per request (B requests at a
-time) until `release`. Chains of the B requests are drafted together on the native engine
-(specbench.drafters.native_chain, over a fused copy of the first L layers, the final norm and
-the head); trees run request by request over the shared view (specbench.drafters.expand).
+time) until `release`. Chains and trees of the B requests are drafted together on the native
+engine (specbench.drafters.native_chain, over a fused copy of the first L layers, the final
+norm and the head); request by request over the shared view (specbench.drafters.expand) where
+the native engine cannot run it.
 """
 
 from __future__ import annotations
@@ -50,8 +51,8 @@ class LayerSkipDrafter(ChainsAndTrees):
         check_sample_method(draft_sample_method)
         self.layers, self.method, self.params, self.seed = layers, draft_sample_method, params, seed
         self.model = None  # the truncated view of the target, once attached
-        self.steppers: Optional[Steppers] = None  # request id -> LMStepper (trees)
-        self.chain: Optional[NativeChain] = None  # chains, batched
+        self.steppers: Optional[Steppers] = None  # request id -> LMStepper (where chain cannot run)
+        self.chain: Optional[NativeChain] = None  # chains and trees, batched
         self.generator: Optional[torch.Generator] = None
 
     @classmethod

@@ -1,11 +1,11 @@
-"""Batched chain drafting over the native engine: the B requests of a round drafted together.
+"""Batched chain and tree drafting over the native engine: the B requests of a round drafted together.
 
 The per-request path (specbench.drafters.expand with one LMStepper per request) costs B x k
 draft forwards a round. Here a draft model (a `Transformer`, engines/native.py) runs over a
 `NativeEngine` whose rows are assigned to request ids: a free row for a new id, freed again by
 `release`. One chain round at batch B is then at most B prefills (new requests only), one
 batched forward that brings every row to its request's history, and k - 1 batched
-single-token forwards:
+single-token forwards (a tree round: the same sync, then k - 1 batched tree forwards):
 
 sync: a row holds the tokens it has read (its request's last history and the drafts fed after
     it). The common prefix with the new history stays; the rest (rejected drafts) is dropped by
@@ -14,6 +14,11 @@ sync: a row holds the tokens it has read (its request's last history and the dra
     the longest; at least the last one); the logits at each row's last real input give the
     first draft's distribution.
 steps: k - 1 forwards of one token per row, each feeding the previous step's drafts.
+tree steps (`propose_tree`): k - 1 tree forwards; step s feeds each row the frontiers of steps
+    1 .. s (q = s W nodes at depth = step - 1, each seeing its ancestors among them and the
+    history) and reads the logits at the step-s frontier [B, W, V]; expand.expand_trees picks
+    the nodes exactly as the per-request path does. The lengths stay at the histories: the
+    nodes written past them are dropped, and the next round's sync overwrites them.
 
 `greedy` takes the argmax (q is the point mass: probs None); otherwise each step samples the B
 requests from their q at the run's parameters (float32 q [B, k, V] is returned). The generator
@@ -26,7 +31,8 @@ past their row's length: nothing they hold is touched. The cache grows (rows, le
 entries copied) when a round needs more than it was sized for; `attach(rows=, max_length=)`
 sizes it for the run so that it never has to.
 
-Letters: B requests, R engine rows, q inputs per row in one forward, k drafts, V vocabulary.
+Letters: B requests, R engine rows, q inputs per row in one forward, k drafts (tree steps), W
+frontier nodes (topk), V vocabulary.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ from typing import Callable, Hashable, Iterable, Optional
 import torch
 
 from specbench.drafters.base import DraftProposal, DraftState
+from specbench.drafters.expand import expand_trees, tree_proposal
 from specbench.drafters.lm_stepper import common_prefix
 from specbench.sampling import SamplingParams, probs_from_logits, sample
 
@@ -92,11 +99,10 @@ class RowCache:
 
 
 class NativeChain(RowCache):
-    """Chains for B requests at a time over one NativeEngine, a row per request id.
+    """Chains and trees for B requests at a time over one NativeEngine, a row per request id.
 
-    `build` makes the draft `Transformer` at the first chain round (a run of trees never pays for
-    the fused copy of the weights); if it raises (a family the native engine does not run),
-    `ready()` is False and the caller keeps its per-request path."""
+    `build` makes the draft `Transformer` at the first round; if it raises (a family the native
+    engine does not run), `ready()` is False and the caller keeps its per-request path."""
 
     def __init__(self, build: Callable[[], object], rows: int = ROWS, max_length: int = MAX_LENGTH,
                  *, cuda_graphs: bool = True):
@@ -109,13 +115,13 @@ class NativeChain(RowCache):
         self._failed = False
 
     def ready(self) -> bool:
-        """Build the model and its cache on the first call -> whether chains can run here."""
+        """Build the model and its cache on the first call -> whether chains and trees can run here."""
         if self.engine is None and not self._failed:
             try:
                 self.model = self._build()
             except (ValueError, AttributeError, KeyError) as e:
                 self._failed = True
-                log.warning("batched chain drafting is off, chains run request by request: %s", e)
+                log.warning("batched drafting is off, chains and trees run request by request: %s", e)
                 return False
             self._resized(self._rows, self._max_length)
         return self.engine is not None
@@ -139,23 +145,11 @@ class NativeChain(RowCache):
             self.engine.cache_v[:, :R, :, :S] = old.cache_v
             self.engine.lengths[:R] = old.lengths
 
-    @torch.inference_mode()
-    def propose(self, state: DraftState, method: str, params: SamplingParams,
-                generator: Optional[torch.Generator]) -> DraftProposal:
-        """A chain of state.k drafts for each of the B requests (expand.is_chain(state))."""
-        assert self.ready(), "NativeChain.propose before a successful ready()"
-        B, k = len(state.tokens), state.k
-        ids = state.request_ids or tuple(range(B))
-        assert len(ids) == B and len(set(ids)) == B, ids
-        greedy = method == "greedy" or params.greedy
-        histories = [t.detach().cpu().view(-1) for t in state.tokens]  # B x [T_b]
-        # A row ends the round holding its history and k - 1 drafts (slots 0 .. T + k - 2); the
-        # last slot of the engine only takes clamped padding writes.
-        self._fit(ids, max(h.shape[0] for h in histories) + k)
+    def _sync(self, ids: tuple, histories: list) -> tuple[tuple, torch.Tensor, torch.Tensor]:
+        """Bring each request's row to its history (the module's sync) -> the rows [B], their
+        index [B] on the engine's device, and the logits [B, V] of each request's first draft."""
         engine = self.engine
         rows, new = zip(*(self._row(i) for i in ids))
-
-        # sync: roll back to the common prefix (or prefill a new row), then read the rest.
         pending = []  # B x [n_b], n_b >= 1
         for row, fresh, history in zip(rows, new, histories):
             T, held = history.shape[0], self.held[row]
@@ -181,6 +175,26 @@ class NativeChain(RowCache):
         for row, p in zip(rows, pending):
             keep_inputs[row] = list(range(p.shape[0]))
         engine.advance(keep_inputs)
+        for row, history in zip(rows, histories):
+            self.held[row] = history.clone()  # the row now holds its history (a tree keeps it so)
+        return rows, index, logits
+
+    @torch.inference_mode()
+    def propose(self, state: DraftState, method: str, params: SamplingParams,
+                generator: Optional[torch.Generator]) -> DraftProposal:
+        """A chain of state.k drafts for each of the B requests (expand.is_chain(state))."""
+        assert self.ready(), "NativeChain.propose before a successful ready()"
+        B, k = len(state.tokens), state.k
+        ids = state.request_ids or tuple(range(B))
+        assert len(ids) == B and len(set(ids)) == B, ids
+        greedy = method == "greedy" or params.greedy
+        histories = [t.detach().cpu().view(-1) for t in state.tokens]  # B x [T_b]
+        # A row ends the round holding its history and k - 1 drafts (slots 0 .. T + k - 2); the
+        # last slot of the engine only takes clamped padding writes.
+        self._fit(ids, max(h.shape[0] for h in histories) + k)
+        engine = self.engine
+        rows, index, logits = self._sync(ids, histories)
+        R = engine.rows
 
         # k steps: draft from the logits, feed the draft (all but the last).
         drafts, probs = [], []
@@ -205,3 +219,41 @@ class NativeChain(RowCache):
             self.held[row] = torch.cat([histories[b], tokens[b, : k - 1]])
         q = None if greedy else torch.stack(probs, 1)  # [B, k, V]
         return DraftProposal(tokens, torch.full((B,), k, dtype=torch.int64), q, None)
+
+    @torch.inference_mode()
+    def propose_tree(self, state: DraftState) -> DraftProposal:
+        """EAGLE-2 trees for the B requests (not expand.is_chain(state)): the sync, k - 1 tree
+        forwards, then expand.expand_trees' bookkeeping, so the proposal is expand.draft's."""
+        assert self.ready(), "NativeChain.propose_tree before a successful ready()"
+        B, W = len(state.tokens), state.topk
+        ids = state.request_ids or tuple(range(B))
+        assert len(ids) == B and len(set(ids)) == B, ids
+        histories = [t.detach().cpu().view(-1) for t in state.tokens]  # B x [T_b]
+        # The last step feeds (k - 1) W nodes at slots T .. T + (k - 1) W - 1 past the history;
+        # the last slot of the engine only takes clamped padding writes.
+        self._fit(ids, max(h.shape[0] for h in histories) + (state.k - 1) * W + 1)
+        engine = self.engine
+        rows, index, logits = self._sync(ids, histories)
+        R, device = engine.rows, engine.device
+        fed = torch.zeros(B, 0, dtype=torch.int64, device=device)  # [B, n] the frontiers fed so far
+        seen = torch.zeros(B, 0, 0, dtype=torch.bool, device=device)  # [B, n, n] their ancestors
+
+        def feed(tokens, parent):  # [B, W] the new frontier, [B, W] its parents' frontier rows
+            nonlocal fed, seen
+            n = fed.shape[1]
+            q = n + W  # every frontier so far: the new one attends to its ancestors among them
+            ancestors = torch.eye(q, dtype=torch.bool, device=device).repeat(B, 1, 1)  # [B, q, q]
+            ancestors[:, :n, :n] = seen
+            if n:  # a new node sees what its parent (in the previous frontier) sees
+                index_n = (n - W + parent.to(device))[:, :, None].expand(B, W, n)
+                ancestors[:, n:, :n] = seen.gather(1, index_n)
+            fed, seen = torch.cat([fed, tokens.to(device)], 1), ancestors
+            inputs = torch.zeros(R, q, dtype=torch.int64, device=device)  # idle rows: token 0,
+            depth = torch.zeros(R, q, dtype=torch.int64, device=device)  # depth 0, themselves only
+            mask = torch.eye(q, dtype=torch.bool, device=device).repeat(R, 1, 1)  # [R, q, q]
+            inputs[index], mask[index] = fed, seen
+            depth[index] = torch.arange(q, device=device) // W  # step s's frontier at depth s - 1
+            return engine.forward(inputs, depth, mask)[index, n:]  # [B, W, V] (a copy)
+
+        # The row keeps its length at the history: the tree entries past it are overwritten next round.
+        return tree_proposal(expand_trees(logits, state, feed), state.max_nodes)
