@@ -13,7 +13,7 @@ bias, more than 16 rows, odd widths): one function is both the kernels' entry an
 reference. Both kernels take every fold, so a speculative verify forward (2 to 16 positions, or
 a few rows) runs each projection in one kernel as a decode step does. The kernels round to the
 input dtype wherever the torch composition does, so the two agree to the last bit but for the
-order of the fp32 sums (and, for fp32 inputs of 2 to 16 rows on a GPU, tl.dot's TF32 products).
+order of the fp32 sums (fp32 inputs multiply in full precision: tl.dot without TF32).
 
 One program owns BLOCK_N output columns (rows of W; with glu the matching rows of both
 halves) and walks K in BLOCK_K tiles. One input row keeps a [BLOCK_N, BLOCK_K] fp32 partial
