@@ -133,15 +133,12 @@ def variant(native, name: str, ctx: int, device, steps: int, q: int = 1) -> dict
     import torch._inductor.config as inductor_config
     inductor_config.coordinate_descent_tuning = cdt
     t = time.perf_counter()
-    saved, pdl.ENABLED = pdl.ENABLED, not name.endswith("_nopdl")
-    try:  # PDL is decided at capture
+    with pdl.enabled(not name.endswith("_nopdl")):  # PDL is decided at capture
         engine = NativeEngine(native, 1, ctx + 128, compile=compile, compile_mode=mode, compile_scope=scope,
                               kernels=kernels)
         engine.prefill(0, torch.randint(0, native.s.vocab_size, (ctx,), device=device))
         token = torch.randint(0, native.s.vocab_size, (1, q), device=device)
         logits = engine.forward(token).clone()  # compiles and captures
-    finally:
-        pdl.ENABLED = saved
     out = {"build_s": time.perf_counter() - t}
     reference = NativeEngine(native, 1, ctx + 128, cuda_graphs=False)
     reference.cache_k.copy_(engine.cache_k), reference.cache_v.copy_(engine.cache_v)

@@ -94,16 +94,13 @@ def native_decode(native, ctx: int, device, compile: bool, steps: int, mode=None
     dependent launch (kernels/pdl.py)."""
     if mode is not None:
         torch._dynamo.reset()  # compiled code is cached per function: forget the default mode's
-    saved, pdl_mod.ENABLED = pdl_mod.ENABLED, pdl
-    try:  # PDL is decided at capture
+    with pdl_mod.enabled(pdl):  # PDL is decided at capture
         engine = NativeEngine(native, 1, ctx + steps * 8 + 64, compile=compile, compile_mode=mode,
                               compile_scope=scope, kernels=kernels)
         prompt = torch.randint(0, native.s.vocab_size, (ctx,), device=device)
         engine.prefill(0, prompt)
         token = torch.randint(0, native.s.vocab_size, (1, 1), device=device)
         engine.forward(token)  # captures the graph
-    finally:
-        pdl_mod.ENABLED = saved
     done = [0]
 
     def step():  # one decode step, the sampled token excluded; the cache returns to ctx every 8 steps

@@ -16,10 +16,13 @@ in flight. Measured on an H200 (results/2026-12-03-h200-evening): a batch-1 deco
 
 `launch_options(device)` is what a launch passes: {"launch_pdl": True} where PDL applies (CUDA,
 compute capability 9 or more, not under torch.compile, which launches user kernels itself),
-else {}. ENABLED switches it off for every kernel, for benchmarks that time both ways.
+else {}. ENABLED switches it off for every kernel, for benchmarks that time both ways
+(`enabled(False)` for a block; a CUDA graph keeps what held at its capture).
 """
 
 from __future__ import annotations
+
+from contextlib import contextmanager
 
 import torch
 
@@ -41,6 +44,17 @@ def applies(device: torch.device) -> bool:
     if index not in _CAPABLE:
         _CAPABLE[index] = torch.cuda.get_device_capability(index)[0] >= 9
     return _CAPABLE[index]
+
+
+@contextmanager
+def enabled(on: bool):
+    """PDL on or off (ENABLED) inside the block, as it was after it."""
+    global ENABLED
+    saved, ENABLED = ENABLED, on
+    try:
+        yield
+    finally:
+        ENABLED = saved
 
 
 def launch_options(device: torch.device) -> dict:

@@ -217,12 +217,10 @@ def test_decode_bf16_caches_bit_identical_and_o_close():
     assert relative(o, o_ref) < 3e-2, relative(o, o_ref)  # bf16 scores in attend: 2^-8 relative
 
 
-if hasattr(attention, "_round"):
-
-    @triton.jit
-    def _round_kernel(x_ptr, y_ptr, N: tl.constexpr):
-        r = tl.arange(0, N)
-        tl.store(y_ptr + r, attention._round(tl.load(x_ptr + r), tl.bfloat16))
+@triton.jit
+def _round_kernel(x_ptr, y_ptr, N: tl.constexpr):
+    r = tl.arange(0, N)
+    tl.store(y_ptr + r, attention._round(tl.load(x_ptr + r), tl.bfloat16))
 
 
 def test_bf16_rounding_in_integers_is_torchs():
