@@ -401,7 +401,7 @@ def decode(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: tor
     # option of Triton's launcher, left out under torch.compile, which launches the kernel
     # itself: there bf16 keys still get torch's bits (_round rounds them in integers), fp16 and
     # fp32 keys may differ in the last bit. PDL (kernels/pdl.py) where it applies.
-    pdl = launch_options(qkv.device)
+    pdl = launch_options(qkv.device, B * q)
     options = {} if torch.compiler.is_compiling() else {"enable_fp_fusion": False, **pdl}
     _partials[(splits + 1, tiles, B * kv_heads)](
         qkv, cos, sin, k_cache, v_cache, lengths, anc, m, l, acc,

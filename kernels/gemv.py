@@ -63,13 +63,17 @@ if triton is not None:
                 for bn in (4, 8, 16) for bk in (256, 512) for w in (4, 8)]
 
     @triton.jit
-    def _rstd(x_ptr, K: tl.constexpr, eps, BLOCK_K: tl.constexpr):
-        rk = tl.arange(0, BLOCK_K)
-        ss = tl.zeros((BLOCK_K,), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            v = tl.load(x_ptr + k0 + rk).to(tl.float32)
+    def _rstd(x_ptr, x_off, x_ok, K: tl.constexpr, eps, BLOCK_K: tl.constexpr):
+        # x_off: the offsets of an [R, BLOCK_K] tile of x at k = 0, x_ok: its row mask -> rstd: [R]
+        # (1 / eps ** 0.5 on masked rows). Unrolled, so that the loads from L2 may overlap: as a
+        # loop, the norm fold cost 2.4 us at one row and 5.1 us at 9 rows on the 8B shape's wqkv
+        # (H200, results/2026-12-03-h200-night), and each load waiting for the one before was
+        # the suspect.
+        ss = tl.zeros(x_off.shape, dtype=tl.float32)
+        for k0 in tl.static_range(0, K, BLOCK_K):
+            v = tl.load(x_ptr + k0 + x_off, mask=x_ok, other=0.0).to(tl.float32)
             ss += v * v
-        return tl.rsqrt(tl.sum(ss, axis=0) / K + eps)
+        return tl.rsqrt(tl.sum(ss, axis=1) / K + eps)
 
     @triton.jit
     def _x_tile(x_ptr, g_ptr, x_off, g_off, ok, rstd, NORM: tl.constexpr, dtype: tl.constexpr):
@@ -101,13 +105,14 @@ if triton is not None:
         if GLU:
             up = tl.load(w_ptrs + N * K, mask=n_ok[:, None], other=0.0, eviction_policy="evict_first")
         wait_and_release(PDL)  # x (and the residual) are the previous kernel's
-        rstd = _rstd(x_ptr, K, eps, BLOCK_K) if NORM else 1.0
-        x_ok = rk < K  # [BLOCK_K], all true
-        x = _x_tile(x_ptr, g_ptr, rk, rk, x_ok, rstd, NORM, dtype).to(tl.float32)[None, :]  # [1, BLOCK_K]
+        x_off = rk[None, :]  # [1, BLOCK_K]: x as one row, as the rows kernel tiles it
+        x_ok = x_off < K  # all true
+        rstd = _rstd(x_ptr, x_off, x_ok, K, eps, BLOCK_K)[:, None] if NORM else 1.0  # [1, 1]
+        x = _x_tile(x_ptr, g_ptr, x_off, x_off, x_ok, rstd, NORM, dtype).to(tl.float32)  # [1, BLOCK_K]
         acc = w.to(tl.float32) * x  # [BLOCK_N, BLOCK_K]
         acc_up = up.to(tl.float32) * x if GLU else acc
         for k0 in range(BLOCK_K, K, BLOCK_K):
-            x = _x_tile(x_ptr + k0, g_ptr + k0, rk, rk, x_ok, rstd, NORM, dtype).to(tl.float32)[None, :]
+            x = _x_tile(x_ptr + k0, g_ptr + k0, x_off, x_off, x_ok, rstd, NORM, dtype).to(tl.float32)
             w = tl.load(w_ptrs + k0, mask=n_ok[:, None], other=0.0, eviction_policy="evict_first")
             acc += w.to(tl.float32) * x
             if GLU:
@@ -121,17 +126,11 @@ if triton is not None:
             y = y.to(dtype).to(tl.float32) + tl.load(r_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)
         tl.store(y_ptr + rn, y.to(dtype), mask=n_ok)
 
-    _ROWS_CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=3)
-                     for bn in (16, 32, 64) for bk in (128, 256) for w in (4, 8)]
-
-    @triton.jit
-    def _rows_rstd(x_ptrs, x_ok, K: tl.constexpr, eps, BLOCK_K: tl.constexpr):
-        # x_ptrs: [16, BLOCK_K] at k = 0, x_ok: [16, 1] -> rstd: [16] (1 / eps ** 0.5 on the padding rows)
-        ss = tl.zeros((16, BLOCK_K), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            v = tl.load(x_ptrs + k0, mask=x_ok, other=0.0).to(tl.float32)
-            ss += v * v
-        return tl.rsqrt(tl.sum(ss, axis=1) / K + eps)
+    # Deeper tiles for the long rows of w2 (K = 14336 in the 8B shape), where the rows kernel
+    # streamed at 0.72 of the copy bandwidth against the one-row kernel's 0.92.
+    _ROWS_CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=s)
+                     for bn, bk, w, s in [(bn, bk, w, 3) for bn in (16, 32, 64) for bk in (128, 256) for w in (4, 8)]
+                     + [(16, 512, 4, 3), (16, 512, 8, 3), (16, 256, 4, 4), (32, 128, 4, 4)]]
 
     @triton.autotune(configs=_ROWS_CONFIGS, key=["M", "N", "K", "NORM", "GLU", "RESIDUAL"])
     @triton.jit
@@ -155,7 +154,7 @@ if triton is not None:
             up = tl.load(w_ptrs + N * K, mask=n_ok[:, None], other=0.0, eviction_policy="evict_first")
         wait_and_release(PDL)
         # a first pass over x for each row's rstd (x is tiny: re-read from cache)
-        rstd = _rows_rstd(x_ptr + x_off, x_ok, K, eps, BLOCK_K)[:, None] if NORM else 1.0  # [16, 1]
+        rstd = _rstd(x_ptr, x_off, x_ok, K, eps, BLOCK_K)[:, None] if NORM else 1.0  # [16, 1]
         x = _x_tile(x_ptr, g_ptr, x_off, rk[None, :], x_ok, rstd, NORM, dtype)  # [16, BLOCK_K]
         acc = tl.dot(x, tl.trans(w), input_precision=PRECISION)  # [16, BLOCK_N]
         acc_up = tl.dot(x, tl.trans(up), input_precision=PRECISION) if GLU else acc
@@ -212,7 +211,7 @@ def project(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor] = None, 
     r = residual.reshape(M, N).contiguous() if residual is not None else y  # y: a pointer left unread
     g = norm if norm is not None else x2
     grid = lambda meta: (triton.cdiv(N, meta["BLOCK_N"]),)  # noqa: E731
-    pdl = launch_options(x.device)
+    pdl = launch_options(x.device, M)
     folds = dict(NORM=norm is not None, GLU=glu, RESIDUAL=residual is not None, PDL=bool(pdl), **pdl)
     if M == 1:
         _vector_kernel[grid](x2, w, y, g, r, N, K, eps, **folds)

@@ -11,13 +11,20 @@ writes are visible). Stream capture records the attribute into a CUDA graph (CUD
 Each kernel here takes a constexpr PDL. First it does what depends on no earlier kernel (gemv:
 load its first weight tile; attention: nothing), then `wait_and_release`: wait for the
 predecessor, then let the successor launch. Waiting before releasing keeps at most two grids
-in flight. Measured on an H200 (results/2026-12-03-h200-evening): a batch-1 decode step of the
-8B shape took 4.32 ms with PDL and 4.35 ms without, side by side.
+in flight.
 
-`launch_options(device)` is what a launch passes: {"launch_pdl": True} where PDL applies (CUDA,
-compute capability 9 or more, not under torch.compile, which launches user kernels itself),
-else {}. ENABLED switches it off for every kernel, for benchmarks that time both ways
-(`enabled(False)` for a block; a CUDA graph keeps what held at its capture).
+PDL applies to forwards of one token in all (batch 1, q = 1): the only shape where it was
+measured to pay. On an H200 (8B shape, context 512, CUDA graphs, side by side in one run):
+- a decode step took 4.32 ms with PDL and 4.35 without (results/2026-12-03-h200-evening);
+- a verify forward of 9 positions took 7.20 ms with PDL and 5.32 without
+  (results/2026-12-03-h200-night). There every projection runs gemv's rows kernel and the
+  attention kernel tiles 9 x 4 query rows; why the early launch costs a third there was not
+  measured.
+
+`launch_options(device, rows)` is what a launch passes: {"launch_pdl": True} where PDL applies
+(CUDA, compute capability 9 or more, one row, not under torch.compile, which launches user
+kernels itself), else {}. ENABLED switches it off for every kernel, for benchmarks that time
+both ways (`enabled(False)` for a block; a CUDA graph keeps what held at its capture).
 """
 
 from __future__ import annotations
@@ -57,10 +64,11 @@ def enabled(on: bool):
         ENABLED = saved
 
 
-def launch_options(device: torch.device) -> dict:
-    """Keyword arguments of a Triton launch: the PDL attribute where it applies; pass PDL=bool(...)
-    as the kernel's constexpr alongside."""
-    return {"launch_pdl": True} if applies(device) else {}
+def launch_options(device: torch.device, rows: int) -> dict:
+    """Keyword arguments of a Triton launch of a forward over `rows` tokens (batch x positions):
+    the PDL attribute where it applies (see the module docstring); pass PDL=bool(...) as the
+    kernel's constexpr alongside."""
+    return {"launch_pdl": True} if rows == 1 and applies(device) else {}
 
 
 if triton is not None:
