@@ -242,6 +242,7 @@ def main(argv=None) -> int:
                     help="a, b, m, fused (the attention crossover); autotune and model add a's "
                          "max-autotune variants (one layer, the whole forward)")
     ap.add_argument("--tiny", action="store_true")
+    ap.add_argument("--qs", default="1-33", help="b's positions per forward: a range A-B or a list (1,9: the goal's pair alone)")
     ap.add_argument("--kernels", action="store_true",
                     help="engine.kernels: a adds each native variant with the kernels beside it; b and m run with them, in eager layers")
     args = ap.parse_args(argv)
@@ -288,7 +289,8 @@ def main(argv=None) -> int:
         if device.type == "cuda":
             torch.cuda.empty_cache()
     if "b" in parts:
-        qs = list(range(1, 34))
+        lo, _, hi = args.qs.partition("-")
+        qs = list(range(int(lo), int(hi) + 1)) if hi else [int(q) for q in args.qs.split(",")]
         for c in ((32, 128) if args.tiny else (512, 4096)):
             # with the kernels, eager layers: as fast as compiled ones (a), and no compile per q
             attempt(results, f"verify_ctx{c}",
