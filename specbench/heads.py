@@ -268,16 +268,22 @@ def static_width(q: int, capacity: int) -> int:
 
 
 def forward_rows(head: nn.Module, features: torch.Tensor, input_ids: torch.Tensor, cache: StaticHeadCache,
-                 starts: torch.Tensor, rows: Optional[torch.Tensor] = None) -> torch.Tensor:
+                 starts: torch.Tensor, rows: Optional[torch.Tensor] = None, positions: Optional[torch.Tensor] = None,
+                 mask: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The head's forward (either kind: its own hidden_states, weights and RoPE) for B rows of a
     StaticHeadCache, with no host synchronization. features: [B, q, D], input_ids: [B, q] on the
     cache's device; starts: [B] int64 on the cache's device, the slot of each row's first input
     (its cached pairs lie before it); rows: [B] the cache row of each batch row, None for cache
     rows 0 .. B - 1. Input j of row b is read at position starts[b] + j and written into the
     cache there; it sees its row's slots before starts[b] and its own row's earlier inputs.
-    The rows' lengths (cache.lengths, on the CPU) are the caller's to advance. -> hidden [B, q, H]."""
-    positions = starts[:, None] + cache.slot_range[: input_ids.shape[1]]  # [B, q]
-    mask = cache.slot_range[None, None, :] <= positions[:, :, None]  # [B, q, S]
+    The rows' lengths (cache.lengths, on the CPU) are the caller's to advance. Trees give both
+    positions [B, q] (RoPE's, in place of starts[b] + j; inputs are still written at starts[b] + j)
+    and mask [B, q, S] bool (the slots of its cache row each input sees: its ancestors', not the
+    slots before it). -> hidden [B, q, H]."""
+    assert (positions is None) == (mask is None), "forward_rows: positions and mask come together"
+    if positions is None:
+        positions = starts[:, None] + cache.slot_range[: input_ids.shape[1]]  # [B, q]
+        mask = cache.slot_range[None, None, :] <= positions[:, :, None]  # [B, q, S]
     view = _RowsView(cache, rows, starts)
     return head.hidden_states(features, input_ids, positions, view, mask[:, None])
 

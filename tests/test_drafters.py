@@ -155,8 +155,8 @@ def test_a_batch_drafts_each_request_as_a_drafter_of_its_own(name, shape, target
 
     k, topk, tokens = SHAPES[shape]
     M = k if tokens is None else tokens - 1
-    # caches: rows of one cache, not steppers (native drafters' trees too, EAGLE's chains only)
-    native = name in NATIVE_CHAIN or (name in BATCHED_CHAIN and shape == "chain3")
+    # caches: rows of one cache, not steppers (chains and trees of every model drafter)
+    native = name in BATCHED_CHAIN
     batch = make_drafter(name, target, draft_dir, head_dirs)
     alone = {i: make_drafter(name, target, draft_dir, head_dirs) for i in (7, 3, 11)}
     histories = {7: PROMPTS[0], 3: PROMPTS[1], 11: PROMPTS[2]}

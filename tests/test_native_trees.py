@@ -11,13 +11,11 @@ from conftest import tiny_llama
 from specbench.drafters import expand
 from specbench.drafters.base import DraftState
 from specbench.drafters.draft_model import DraftModelDrafter, save_draft_model
-from specbench.drafters.eagle import EagleDrafter
 from specbench.drafters.expand import Steppers, draft, expand_trees
 from specbench.drafters.layerskip import LayerSkipDrafter
 from specbench.drafters.lm_stepper import LMStepper
 from specbench.drafters.native_chain import NativeChain
 from specbench.engines.native import NativeEngine, Transformer
-from specbench.heads import EagleHeadConfig, build_head, save_head
 from specbench.sampling import SamplingParams
 from specbench.tree import select_nodes
 
@@ -263,24 +261,6 @@ def test_the_drafter_routes_trees_to_the_native_engine(name, draft_dir, forwards
     assert [tree for _, tree in forwards] == [False, True, True]
     drafter.release([4])
     assert set(drafter.chain.row_of) == {8}
-
-
-def test_eagle_trees_stay_request_by_request(forwards, tmp_path):
-    """EagleChain has no propose_tree: EAGLE trees keep one stepper per request."""
-    target = tiny_llama(seed=0, scale=8.0)
-    torch.manual_seed(0)
-    head = build_head(EagleHeadConfig.from_target(target.config, "eagle", draft_vocab_size=64), target)
-    drafter = EagleDrafter("eagle", str(save_head(head, tmp_path)), "greedy", GREEDY)
-    drafter.attach(target)
-    assert getattr(drafter.chain, "propose_tree", None) is None
-    history = torch.tensor([0, 5, 6, 7, 5, 6])
-    with torch.inference_mode():
-        hidden = target(history[None], output_hidden_states=True).hidden_states
-    features = [torch.cat([hidden[i][0, :-1] for i in drafter.feature_layers], -1)]
-    state = DraftState(tokens=[history], k=3, topk=2, num_draft_tokens=6, features=features, request_ids=(5,))
-    got = drafter.propose(state)
-    assert not got.is_chain and int(got.num_tokens[0]) == 5
-    assert set(drafter.steppers) == {5} and forwards == []
 
 
 def test_a_tree_round_makes_room_for_every_node_it_feeds(draft_lm, forwards):

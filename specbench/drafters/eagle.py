@@ -9,9 +9,9 @@ states are never kept: the next round replaces them with the target's real featu
 
 EAGLE reads the target's final-norm output; EAGLE-3 three hidden states (low, middle, high),
 concatenated and projected by its `fc`. Both draft chains or EAGLE-2 trees (drafters.expand) for
-B requests at a time: trees request by request, each with a head cache of its own (EagleStepper),
-chains for the whole batch together over one head cache with a row per request
-(drafters/eagle_chain.py), until `release`.
+B requests at a time, the whole batch together over one head cache with a row per request
+(drafters/eagle_chain.py), until `release`. EagleStepper, a head cache of its own per request,
+is the per-request path those batched proposals are tested against.
 
 Letters: B requests, W rows (1, or the tree's frontier), V vocabulary, H head width, D feature width.
 """
@@ -98,8 +98,8 @@ class EagleDrafter(ChainsAndTrees):
         self.vocab_size = raw.get("vocab_size")
         self.feature_layers: tuple = ()  # known once the head is attached to its target
         self.head = None  # the head, once attached
-        self.steppers: Optional[Steppers] = None  # request id -> EagleStepper (trees)
-        self.chain: Optional[EagleChain] = None  # chains, batched
+        self.steppers: Optional[Steppers] = None  # request id -> EagleStepper (the per-request path)
+        self.chain: Optional[EagleChain] = None  # chains and trees, batched
         self.generator: Optional[torch.Generator] = None
 
     @classmethod

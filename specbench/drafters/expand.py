@@ -20,7 +20,9 @@ Per request (`draft`), B requests are drafted in batch order (so one generator s
 that order): each request id keeps a stepper of its own (`Steppers`), whose cache is extended
 round after round whatever else was drafted in between, until the drafter's
 `release(request_ids)` drops it. A drafter's batched `chain` (NativeChain, EagleChain) drafts
-the B chains together, and the B trees too where it has `propose_tree` (NativeChain).
+the B chains together, and the B trees too through its `propose_tree` (both have one: the
+per-request path then serves only a NativeChain whose model could not be built), which feeds
+expand_trees the B frontiers at once and lays the trees out with tree_proposal.
 
 Letters: B requests, M draft columns (k for chains, max_nodes for trees), W frontier rows,
 V vocabulary, k steps.
@@ -73,10 +75,10 @@ class Steppers(dict):
 
 
 class ChainsAndTrees:
-    """propose / release of a model drafter: chains through its batched `chain`
-    (drafters/native_chain.py, drafters/eagle_chain.py) when that can run, trees through it too
-    where it has `propose_tree` (NativeChain), and the rest request by request through its
-    `steppers`. The drafter sets steppers, chain, method, params and generator in `attach`."""
+    """propose / release of a model drafter: chains and trees through its batched `chain`
+    (drafters/native_chain.py, drafters/eagle_chain.py: `propose` and `propose_tree`) when that
+    can run (`ready()`), and otherwise request by request through its `steppers`. The drafter
+    sets steppers, chain, method, params and generator in `attach`."""
 
     def propose(self, state: DraftState) -> DraftProposal:
         if is_chain(state):
