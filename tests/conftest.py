@@ -66,6 +66,15 @@ def make_engine(kind: str, model, rows: int = 1, max_length: int = 256, feature_
     return NativeEngine(Transformer.from_hf(model), rows, max_length, feature_layers=feature_layers)
 
 
+@pytest.fixture
+def one_thread():
+    """Tiny tensors: one thread is fastest, and immune to a busy second core."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def tiny_model():
     return tiny_llama(seed=0, scale=8.0)

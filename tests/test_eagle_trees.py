@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from conftest import tiny_llama
+from tree_rounds import assert_same, grow
 from specbench.drafters import eagle_chain, expand
 from specbench.drafters.base import DraftState
 from specbench.drafters.eagle import EagleDrafter, EagleStepper
@@ -18,15 +19,7 @@ KINDS = ("eagle", "eagle3")
 TREES = [(3, 2, 6), (4, 3, 10), (2, 4, 5), (5, 4, 8), (1, 3, 3)]  # (k, topk, max_nodes)
 SIZINGS = [{}, {"rows": 1, "max_length": 8}]  # the defaults; too small: the cache grows mid-run
 V, VD = 96, 40  # the target's vocabulary, EAGLE-3's draft vocabulary
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny tensors: one thread is fastest, and immune to a busy second core."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest
 
 
 @pytest.fixture(scope="module")
@@ -85,38 +78,6 @@ def chain_state(target, head, histories, ids, k):
     hs = [histories[i] for i in ids]
     return DraftState(tokens=hs, k=k, features=features_of(target, hs, head.config.feature_layers),
                       request_ids=tuple(ids))
-
-
-def assert_same(got, want):
-    """Token for token, parent for parent, with draft's layout (-1 / 0 past each tree)."""
-    assert got.probs is None and want.probs is None and not got.is_chain and not want.is_chain
-    assert got.tokens.dtype == got.parents.dtype == got.num_tokens.dtype == torch.int64
-    assert got.tokens.device.type == got.parents.device.type == "cpu"
-    assert got.tokens.shape == want.tokens.shape and got.parents.shape == want.parents.shape
-    assert got.num_tokens.tolist() == want.num_tokens.tolist()
-    assert got.tokens.tolist() == want.tokens.tolist()
-    assert got.parents.tolist() == want.parents.tolist()
-
-
-def path_to(proposal, b, column):
-    """Request b's draft tokens from the root down to draft column `column` (none for -1)."""
-    path = []
-    while column >= 0:
-        path.append(int(proposal.tokens[b, column]))
-        column = int(proposal.parents[b, column]) - 1 if not proposal.is_chain else column - 1
-    return path[::-1]
-
-
-def grow(histories, got, order, accepted):
-    """Request i accepts its path to draft column accepted[i] (-1: none; None: its last column),
-    then gains a bonus token -> the tokens each request gained."""
-    added = {}
-    for b, i in enumerate(order):
-        column = int(got.num_tokens[b]) - 1 if accepted[i] is None else accepted[i]
-        path = path_to(got, b, column) + [50 + i % 40]
-        histories[i] = torch.cat([histories[i], torch.tensor(path)])
-        added[i] = len(path)
-    return added
 
 
 def check_rows(chain, histories, order):

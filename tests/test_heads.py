@@ -58,15 +58,7 @@ EAGLE_LAYOUT = {
     "layers.0.mlp.down_proj.weight": (H, 128),
     "layers.0.post_attention_layernorm.weight": (H,),
 }
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny tensors: one thread is fastest, and immune to a busy second core."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest
 
 
 @pytest.fixture(scope="module")

@@ -8,6 +8,7 @@ import torch
 from transformers import LlamaForCausalLM
 
 from conftest import tiny_llama
+from tree_rounds import assert_same, grow
 from specbench.drafters import expand
 from specbench.drafters.base import DraftState
 from specbench.drafters.draft_model import DraftModelDrafter, save_draft_model
@@ -46,33 +47,6 @@ def forwards(monkeypatch):
 def tree_state(histories, ids, k, topk, max_nodes):
     return DraftState(tokens=[histories[i] for i in ids], k=k, topk=topk, num_draft_tokens=max_nodes + 1,
                       request_ids=tuple(ids))
-
-
-def assert_same(got, want):
-    """Token for token, parent for parent, with draft's layout (-1 / 0 past each tree)."""
-    assert got.probs is None and want.probs is None and not got.is_chain
-    assert got.tokens.dtype == got.parents.dtype == got.num_tokens.dtype == torch.int64
-    assert got.tokens.shape == want.tokens.shape and got.parents.shape == want.parents.shape
-    assert got.num_tokens.tolist() == want.num_tokens.tolist()
-    assert got.tokens.tolist() == want.tokens.tolist()
-    assert got.parents.tolist() == want.parents.tolist()
-
-
-def path_to(proposal, b, column):
-    """Request b's draft tokens from the root down to draft column `column` (none for -1)."""
-    path = []
-    while column >= 0:
-        path.append(int(proposal.tokens[b, column]))
-        column = int(proposal.parents[b, column]) - 1 if not proposal.is_chain else column - 1
-    return path[::-1]
-
-
-def grow(histories, got, order, accepted):
-    """Request i accepts its path to draft column accepted[i] (-1: none; None: its last column),
-    then gains a bonus token."""
-    for b, i in enumerate(order):
-        column = int(got.num_tokens[b]) - 1 if accepted[i] is None else accepted[i]
-        histories[i] = torch.cat([histories[i], torch.tensor(path_to(got, b, column) + [50 + i % 40])])
 
 
 def check_rows(chain, histories, order):
