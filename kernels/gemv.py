@@ -65,10 +65,10 @@ if triton is not None:
     @triton.jit
     def _rstd(x_ptr, x_off, x_ok, K: tl.constexpr, eps, BLOCK_K: tl.constexpr):
         # x_off: the offsets of an [R, BLOCK_K] tile of x at k = 0, x_ok: its row mask -> rstd: [R]
-        # (1 / eps ** 0.5 on masked rows). Unrolled, so that the loads from L2 may overlap: as a
-        # loop, the norm fold cost 2.4 us at one row and 5.1 us at 9 rows on the 8B shape's wqkv
-        # (H200, results/2026-12-03-h200-night), and each load waiting for the one before was
-        # the suspect.
+        # (1 / eps ** 0.5 on masked rows). Unrolled, so that the loads from L2 may overlap: on the
+        # 8B shape's wqkv (H200, results/2026-12-03-h200-night) the norm fold cost 2.4 us at one
+        # row and 5.1 us at 9 rows as a loop, 1.1 and 2.2 us unrolled (single runs, about 1 us
+        # of noise).
         ss = tl.zeros(x_off.shape, dtype=tl.float32)
         for k0 in tl.static_range(0, K, BLOCK_K):
             v = tl.load(x_ptr + k0 + x_off, mask=x_ok, other=0.0).to(tl.float32)
@@ -126,8 +126,9 @@ if triton is not None:
             y = y.to(dtype).to(tl.float32) + tl.load(r_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)
         tl.store(y_ptr + rn, y.to(dtype), mask=n_ok)
 
-    # Deeper tiles for the long rows of w2 (K = 14336 in the 8B shape), where the rows kernel
-    # streamed at 0.72 of the copy bandwidth against the one-row kernel's 0.92.
+    # The last four: deeper tiles for the long rows of w2 (K = 14336 in the 8B shape), where the
+    # rows kernel streamed at 0.72 of the copy bandwidth against the one-row kernel's 0.92. With
+    # them it streamed at 0.75 (results/2026-12-03-h200-night): within noise, w2 is still open.
     _ROWS_CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=s)
                      for bn, bk, w, s in [(bn, bk, w, 3) for bn in (16, 32, 64) for bk in (128, 256) for w in (4, 8)]
                      + [(16, 512, 4, 3), (16, 512, 8, 3), (16, 256, 4, 4), (32, 128, 4, 4)]]

@@ -13,9 +13,11 @@ load its first weight tile; attention: nothing), then `wait_and_release`: wait f
 predecessor, then let the successor launch. Waiting before releasing keeps at most two grids
 in flight.
 
-PDL applies to forwards of one token in all (batch 1, q = 1): the only shape where it was
-measured to pay. On an H200 (8B shape, context 512, CUDA graphs, side by side in one run):
-- a decode step took 4.32 ms with PDL and 4.35 without (results/2026-12-03-h200-evening);
+PDL applies to forwards of one token in all (batch 1, q = 1) and nowhere else. On an H200 (8B
+shape, context 512, CUDA graphs, side by side in one run):
+- a decode step took 4.32 ms with PDL and 4.35 without (results/2026-12-03-h200-evening), then
+  4.35 and 4.29 ms (results/2026-12-03-h200-night): within run-to-run noise, neither a gain
+  nor a loss yet;
 - a verify forward of 9 positions took 7.20 ms with PDL and 5.32 without
   (results/2026-12-03-h200-night). There every projection runs gemv's rows kernel and the
   attention kernel tiles 9 x 4 query rows; why the early launch costs a third there was not
