@@ -66,6 +66,25 @@ def make_engine(kind: str, model, rows: int = 1, max_length: int = 256, feature_
     return NativeEngine(Transformer.from_hf(model), rows, max_length, feature_layers=feature_layers)
 
 
+def random_head(target, kind: str, draft_vocab_size: int, seed: int = 0, fc_bias: bool = False):
+    """An fp32 EAGLE / EAGLE-3 head for `target` with every weight random, norms included (so a
+    weight that fails to load shows; peaked enough for well separated top-k children). EAGLE-3
+    drafts over a random sorted subset of draft_vocab_size target tokens; fc_bias: EAGLE's fc
+    with a bias."""
+    from specbench.heads import EagleHeadConfig, build_head
+
+    config = EagleHeadConfig.from_target(target.config, kind, draft_vocab_size=draft_vocab_size if kind == "eagle3" else None)
+    config.fc_bias = fc_bias and kind == "eagle"
+    head = build_head(config, target)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.2 + (1.0 if p.dim() == 1 else 0.0))
+    if kind == "eagle3":
+        head.set_draft_vocab(torch.randperm(target.config.vocab_size, generator=g)[:draft_vocab_size].sort().values)
+    return head.eval()
+
+
 @pytest.fixture
 def one_thread():
     """Tiny tensors: one thread is fastest, and immune to a busy second core."""

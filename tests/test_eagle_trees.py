@@ -4,21 +4,21 @@ per-request path (expand.draft over one EagleStepper per request)."""
 import pytest
 import torch
 
-from conftest import tiny_llama
+from conftest import random_head, tiny_llama
 from tree_rounds import assert_same, grow
 from specbench.drafters import eagle_chain, expand
 from specbench.drafters.base import DraftState
 from specbench.drafters.eagle import EagleDrafter, EagleStepper
 from specbench.drafters.eagle_chain import EagleChain
 from specbench.drafters.expand import Steppers, draft
-from specbench.heads import EagleHeadConfig, build_head, save_head
+from specbench.heads import save_head
 from specbench.sampling import SamplingParams
 
 GREEDY = SamplingParams(0.0, 0, 1.0)
 KINDS = ("eagle", "eagle3")
 TREES = [(3, 2, 6), (4, 3, 10), (2, 4, 5), (5, 4, 8), (1, 3, 3)]  # (k, topk, max_nodes)
 SIZINGS = [{}, {"rows": 1, "max_length": 8}]  # the defaults; too small: the cache grows mid-run
-V, VD = 96, 40  # the target's vocabulary, EAGLE-3's draft vocabulary
+VD = 40  # EAGLE-3's draft vocabulary (of the target's 96 tokens)
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest
 
 
@@ -27,24 +27,11 @@ def target():
     return tiny_llama(seed=1, scale=4.0).requires_grad_(False)
 
 
-def random_head(target, kind, seed=0):
-    """An fp32 head with every weight random (peaked enough for well separated top-k children);
-    EAGLE-3's draft vocabulary is a random subset of the target's, so d2t is not the identity."""
-    config = EagleHeadConfig.from_target(target.config, kind, draft_vocab_size=VD if kind == "eagle3" else None)
-    head = build_head(config, target)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in head.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * 0.2 + (1.0 if p.dim() == 1 else 0.0))
-    if kind == "eagle3":
-        head.set_draft_vocab(torch.randperm(V, generator=g)[:VD].sort().values)
-        assert bool(head.d2t.ne(0).any())
-    return head.eval()
-
-
 @pytest.fixture(scope="module")
 def heads(target):
-    return {kind: random_head(target, kind) for kind in KINDS}
+    heads = {kind: random_head(target, kind, VD) for kind in KINDS}
+    assert bool(heads["eagle3"].d2t.ne(0).any())  # EAGLE-3's draft vocabulary is not the identity map
+    return heads
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaAttention, LlamaRotaryEmbedding
 
-from conftest import tiny_llama
+from conftest import random_head, tiny_llama
 from specbench.config import ConfigError
 from specbench.heads import Attention, Eagle3Head, EagleHeadConfig, HeadCache, build_head, load_head, save_head
 from specbench.train import (
@@ -66,20 +66,6 @@ def target():
     return tiny_llama(seed=1, scale=4.0).requires_grad_(False)
 
 
-def random_head(target, kind: str, seed: int = 0, fc_bias: bool = False):
-    """A head with every weight random (norms included, so a weight that fails to load shows)."""
-    config = EagleHeadConfig.from_target(target.config, kind, draft_vocab_size=VD if kind == "eagle3" else None)
-    config.fc_bias = fc_bias and kind == "eagle"
-    head = build_head(config, target)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in head.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * 0.2 + (1.0 if p.dim() == 1 else 0.0))
-    if kind == "eagle3":
-        head.set_draft_vocab(torch.randperm(V, generator=g)[:VD].sort().values)
-    return head.eval()
-
-
 def inputs(head, B: int, S: int, seed: int = 0, start: int = 0):
     """Random (features [B, S, D], tokens [B, S], positions [B, S]) for a head."""
     g = torch.Generator().manual_seed(seed)
@@ -93,7 +79,7 @@ def inputs(head, B: int, S: int, seed: int = 0, start: int = 0):
 
 @pytest.mark.parametrize("kind,layout", [("eagle3", EAGLE3_LAYOUT), ("eagle", EAGLE_LAYOUT)])
 def test_saved_keys_and_shapes_are_the_published_layout(tmp_path, target, kind, layout):
-    save_head(random_head(target, kind, fc_bias=True), tmp_path, dtype=torch.bfloat16)
+    save_head(random_head(target, kind, VD, fc_bias=True), tmp_path, dtype=torch.bfloat16)
     with safe_open(str(tmp_path / "model.safetensors"), "pt") as f:
         shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
         dtypes = {k: f.get_tensor(k).dtype for k in f.keys()}
@@ -111,7 +97,7 @@ def test_saved_keys_and_shapes_are_the_published_layout(tmp_path, target, kind, 
 
 @pytest.mark.parametrize("kind", ["eagle3", "eagle"])
 def test_save_load_round_trip_gives_identical_outputs(tmp_path, target, kind):
-    head = random_head(target, kind, fc_bias=True)
+    head = random_head(target, kind, VD, fc_bias=True)
     save_head(head, tmp_path)
     loaded = load_head(tmp_path, target)
     features, tokens, positions = inputs(head, 2, 7)
@@ -124,7 +110,7 @@ def test_save_load_round_trip_gives_identical_outputs(tmp_path, target, kind):
 def test_published_variants_load(tmp_path, target):
     """EAGLE-1 files carry a copy of the target's embeddings and may be pytorch_model.bin; some
     EAGLE-3 exports name the layer layers.0 and give no aux layer ids (the default then)."""
-    eagle = random_head(target, "eagle")
+    eagle = random_head(target, "eagle", VD)
     save_head(eagle, tmp_path / "eagle")
     state = load_file(str(tmp_path / "eagle" / "model.safetensors"))
     state["embed_tokens.weight"] = torch.zeros(V, H)
@@ -132,7 +118,7 @@ def test_published_variants_load(tmp_path, target):
     (tmp_path / "eagle" / "model.safetensors").unlink()
     assert torch.equal(load_head(tmp_path / "eagle", target).fc.weight, eagle.fc.weight)
 
-    eagle3 = random_head(target, "eagle3")
+    eagle3 = random_head(target, "eagle3", VD)
     directory = save_head(eagle3, tmp_path / "eagle3")
     state = {k.replace("midlayer.", "layers.0."): v for k, v in load_file(str(directory / "model.safetensors")).items()}
     save_file(state, str(directory / "model.safetensors"))
@@ -145,7 +131,7 @@ def test_published_variants_load(tmp_path, target):
 
 
 def test_a_head_of_another_vocabulary_is_refused(tmp_path, target):
-    save_head(random_head(target, "eagle3"), tmp_path)
+    save_head(random_head(target, "eagle3", VD), tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps({**config, "vocab_size": V + 1}))
     with pytest.raises(ConfigError, match=r"^drafter.path=.*vocab_size 97 differs from the target's \(96\)"):
@@ -156,7 +142,7 @@ def test_a_head_of_another_vocabulary_is_refused(tmp_path, target):
 
 
 def test_d2t_puts_minus_infinity_outside_the_draft_vocabulary(target):
-    head = random_head(target, "eagle3")
+    head = random_head(target, "eagle3", VD)
     ids = head.draft_ids  # [Vd] ascending target ids
     assert torch.equal(head.d2t, ids - torch.arange(VD)) and head.t2d.sum() == VD and head.t2d[ids].all()
     features, tokens, positions = inputs(head, 2, 5)
@@ -174,7 +160,7 @@ def test_argmax_is_the_argmax_of_the_target_logits_without_building_them(target)
     logits(hidden).argmax(-1) exactly, ties included (the first maximum); it follows the map when
     set_draft_vocab or load_state_dict changes it, and a map that does not ascend falls back to
     the full logits."""
-    head = random_head(target, "eagle3")
+    head = random_head(target, "eagle3", VD)
     hidden = torch.randn(4, 3, H, generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         head.lm_head.weight[7] = head.lm_head.weight[3]  # draft ids 3 and 7 tie on every row
@@ -190,7 +176,7 @@ def test_argmax_is_the_argmax_of_the_target_logits_without_building_them(target)
         assert torch.equal(head.argmax(hidden), head.logits(hidden).argmax(-1))  # the identity map now
         head.d2t.copy_(torch.arange(VD - 1, -1, -1) * 2 - torch.arange(VD))  # descending target ids
         assert torch.equal(head.argmax(hidden), head.logits(hidden).argmax(-1))
-    eagle = random_head(target, "eagle")
+    eagle = random_head(target, "eagle", VD)
     assert torch.equal(eagle.argmax(hidden), eagle.logits(hidden).argmax(-1))
 
 
@@ -226,7 +212,7 @@ def test_head_cache_crop_select_repeat():
 
 @pytest.mark.parametrize("kind", ["eagle3", "eagle"])
 def test_step_by_step_with_the_cache_equals_one_causal_forward(target, kind):
-    head = random_head(target, kind)
+    head = random_head(target, kind, VD)
     features, tokens, positions = inputs(head, 2, 9)
     with torch.no_grad():
         hidden, logits = head(features, tokens, positions, HeadCache())
@@ -242,7 +228,7 @@ def test_step_by_step_with_the_cache_equals_one_causal_forward(target, kind):
 def test_tree_attention_mask_equals_running_each_branch_alone(target, kind):
     """Prefix of P = 6 pairs, then a tree: node 0 and 1 children of the prefix, 2 of 0, 3 of 2.
     One forward with the tree mask gives each node what its own path alone gives."""
-    head = random_head(target, kind)
+    head = random_head(target, kind, VD)
     P, parents = 6, [-1, -1, 0, 2]
     N = len(parents)
     features, tokens, positions = inputs(head, 1, P)
