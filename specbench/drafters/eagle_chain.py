@@ -143,13 +143,6 @@ class EagleChain(RowCache):
         cache.lengths.copy_(synced)
         return rows, rows_d, synced_d, hidden[cache.row_range, last_d]  # [R, H] each row's last real input
 
-    def _ids(self, state: DraftState) -> tuple[tuple, list]:
-        """-> the round's request ids (B, distinct) and histories B x [n_b] on the CPU."""
-        B = len(state.tokens)
-        ids = state.request_ids or tuple(range(B))
-        assert len(ids) == B and len(set(ids)) == B, ids
-        return ids, [t.detach().cpu().view(-1) for t in state.tokens]
-
     @torch.inference_mode()
     def propose(self, state: DraftState, method: str, params: SamplingParams,
                 generator: Optional[torch.Generator]) -> DraftProposal:

@@ -90,6 +90,14 @@ class RowCache:
         self.held[row] = torch.empty(0, dtype=torch.int64)
         return row, True
 
+    @staticmethod
+    def _ids(state: DraftState) -> tuple[tuple, list]:
+        """-> the round's request ids (B, distinct) and histories B x [T_b] on the CPU."""
+        B = len(state.tokens)
+        ids = state.request_ids or tuple(range(B))
+        assert len(ids) == B and len(set(ids)) == B, ids
+        return ids, [t.detach().cpu().view(-1) for t in state.tokens]
+
     def release(self, request_ids: Iterable[Hashable]) -> None:
         """Free these requests' rows (unknown ids are ignored)."""
         for request_id in request_ids:
@@ -185,10 +193,8 @@ class NativeChain(RowCache):
         """A chain of state.k drafts for each of the B requests (expand.is_chain(state))."""
         assert self.ready(), "NativeChain.propose before a successful ready()"
         B, k = len(state.tokens), state.k
-        ids = state.request_ids or tuple(range(B))
-        assert len(ids) == B and len(set(ids)) == B, ids
+        ids, histories = self._ids(state)  # B x [T_b]
         greedy = method == "greedy" or params.greedy
-        histories = [t.detach().cpu().view(-1) for t in state.tokens]  # B x [T_b]
         # A row ends the round holding its history and k - 1 drafts (slots 0 .. T + k - 2); the
         # last slot of the engine only takes clamped padding writes.
         self._fit(ids, max(h.shape[0] for h in histories) + k)
@@ -226,9 +232,7 @@ class NativeChain(RowCache):
         forwards, then expand.expand_trees' bookkeeping, so the proposal is expand.draft's."""
         assert self.ready(), "NativeChain.propose_tree before a successful ready()"
         B, W = len(state.tokens), state.topk
-        ids = state.request_ids or tuple(range(B))
-        assert len(ids) == B and len(set(ids)) == B, ids
-        histories = [t.detach().cpu().view(-1) for t in state.tokens]  # B x [T_b]
+        ids, histories = self._ids(state)  # B x [T_b]
         # The last step feeds (k - 1) W nodes at slots T .. T + (k - 1) W - 1 past the history;
         # the last slot of the engine only takes clamped padding writes.
         self._fit(ids, max(h.shape[0] for h in histories) + (state.k - 1) * W + 1)
