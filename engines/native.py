@@ -27,7 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specbench.kernels.attention import decode as attention_kernel, mask as attention_mask
+from specbench.kernels.attention import counters as attention_counters, decode as attention_kernel
+from specbench.kernels.attention import mask as attention_mask
 from specbench.kernels.attention import places as attention_places, reference as attention_reference
 from specbench.kernels.attention import supported as attention_supported
 from specbench.kernels.gemv import project, rms_norm
@@ -92,7 +93,8 @@ def fused_attend(xq: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch
 # The attention of a layer, from its qkv projection: RoPE, the cache write and attention, with
 # one signature. matmul and sdpa are the torch composition (specbench.kernels.attention.reference)
 # over `where` = (mask, (rows, slots)) built once per forward; kernel is its Triton kernel, which
-# reads the lengths and ancestors instead (where is None).
+# reads the lengths and ancestors instead, and takes `where` = its merge counts (zeroed once per
+# forward, shared by the layers).
 def matmul_attention(*args, where):
     return attention_reference(*args, mask=where[0], places=where[1])
 
@@ -102,14 +104,14 @@ def sdpa_attention(*args, where):
 
 
 def kernel_attention(*args, where):
-    return attention_kernel(*args)
+    return attention_kernel(*args, where)
 
 
 def block(s: Shape, attention, x, cos, sin, where, k_cache, v_cache, lengths, ancestors,
           attention_norm, wqkv, bqkv, wo, ffn_norm, w13, w2, kernels: bool = False):
     """One decoder layer as a function of its weights, so that one compiled function serves
     every layer. x: [B, q, D]; cos, sin: [B, q, 1, hd]; where: (mask [B, 1, G*q, S] bool,
-    (rows [B, 1], slots [B, q])) for the torch attentions, None for kernel_attention; k_cache, v_cache: [B, Hkv, S, hd]; lengths [B], ancestors [B, q, q]: where
+    (rows [B, 1], slots [B, q])) for the torch attentions, counts for kernel_attention; k_cache, v_cache: [B, Hkv, S, hd]; lengths [B], ancestors [B, q, q]: where
     the new entries go and what they see; attention: one of the *_attention functions above.
     kernels: the projections through specbench.kernels.gemv where it applies (B q <= 16 input
     rows: the norms, the MLP activation and the residual adds folded into them)."""
@@ -159,7 +161,8 @@ class Transformer(nn.Module):
         B, q = tokens.shape
         S = cache_k.shape[3]
         if attention is kernel_attention:  # the kernel reads lengths and ancestors (int8) for a mask
-            where, ancestors = None, ancestors.to(torch.int8)
+            where = attention_counters(B, q, s.kv_heads, s.heads // s.kv_heads, tokens.device)
+            ancestors = ancestors.to(torch.int8)
         else:
             where = attention_mask(lengths, ancestors, S, s.heads // s.kv_heads), attention_places(lengths, q, S)
         freqs = (lengths[:, None] + depth).float()[..., None] * self.inv_freq  # [B, q, hd / 2]

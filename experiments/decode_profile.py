@@ -109,6 +109,8 @@ def gemv_table(shape: dict, device, dtype, bandwidth: float, total: int = 1 << 3
             y0 = gemv.project(x, ws[0], eps=1e-5, kernel=False, **extra).float()
             y1 = gemv.project(x, ws[0], eps=1e-5, kernel=True, **extra).float()
             row["max_rel_err"] = float((y0 - y1).abs().max() / y0.abs().max())
+            tuner = gemv._vector_kernel if M == 1 else gemv._rows_glu_kernel if name == "w13" else gemv._rows_kernel
+            row["triton_config"] = str(tuner.best_config)  # the autotuner's pick for the call just made
             print(row, flush=True)
             rows.append(row)
     return rows

@@ -3,7 +3,7 @@
 After a layer's qkv projection, engines/native.py's `block` splits qkv, rotates q and k (RoPE),
 writes k and v into the static cache at slots length .. length + q - 1 of each row, and attends
 over the cache through a boolean mask: about ten small kernels per layer. `decode` does the
-same in two launches, beside `reference`, the torch composition it replaces (with `rotate`,
+same in one launch, beside `reference`, the torch composition it replaces (with `rotate`,
 `attend` and `mask` as native uses them):
 
     qkv       [B, q, (H + 2 Hkv) hd]  the projection's output: H query heads, Hkv key heads, Hkv value heads
@@ -18,7 +18,7 @@ Input i of row b sees the row's cache prefix [0, lengths[b]) and the new inputs 
 ancestors[b, i, j]. The q query heads that share a key/value head are one set of G q rows
 (query head g, position i: row g q + i, native's order), so K and V are read once per kv head.
 
-Kernel 1 (`_partials`), grid (SPLITS + 1, tiles, B Hkv): flash decoding. Programs 0 .. SPLITS-1
+The kernel (`_partials`), grid (SPLITS + 1, tiles, B Hkv): flash decoding. Programs 0 .. SPLITS-1
 of a (row, kv head, row tile) split the prefix [0, length) into SPLITS chunks of whole BLOCK_S
 blocks, sized from the row's length inside the kernel: the grid depends on shapes only (the
 call is captured in a CUDA graph) while short rows still spread over every split; a split past
@@ -26,8 +26,11 @@ the prefix does nothing. Program SPLITS takes the q new entries: it rotates thei
 registers, attends to them through `ancestors`, and (row tile 0 only) writes k and v into the
 cache. The new entries are never read back from the cache, and prefix programs read only slots
 below the length, so the write races with no read. Each program keeps an online-softmax state
-(running max, sum, acc [BLOCK_M, hd]) in fp32 and stores it as a partial. Kernel 2 (`_combine`),
-grid (row tiles, B Hkv), merges a row's partials into o, in o's [B, q, H hd] layout.
+(running max, sum, acc [BLOCK_M, hd]) in fp32 and stores it as a partial, then counts itself
+done on an int32 of its (row, kv head, row tile); the program that counts last merges the
+tile's partials into o, in o's [B, q, H hd] layout, and zeroes the count. A second kernel
+(`_combine`) merged until 2026-12-04: on an H200 it took 7.8 us a layer in a 9-position verify
+forward at context 512 (results/2026-12-03-h200-night), more than the attention itself.
 
 Rounding as in torch: RoPE rounds x cos, rot sin and their sum to the dtype, so the cache gets
 the reference's bits (compiled without FMA contraction for the same reason, and for bf16 the
@@ -190,14 +193,15 @@ if triton is not None:
 
     @triton.jit
     def _partials(qkv_ptr, cos_ptr, sin_ptr, k_ptr, v_ptr, len_ptr, anc_ptr, m_ptr, l_ptr, acc_ptr,
-                  s_qb, s_qi, s_cb, s_ci, s_kb, s_kh, s_ks, s_vb, s_vh, s_vs, s_ab, s_ai, s_aj,
-                  S, QK_SCALE: tl.constexpr,
+                  cnt_ptr, o_ptr, s_qb, s_qi, s_cb, s_ci, s_kb, s_kh, s_ks, s_vb, s_vh, s_vs, s_ab, s_ai,
+                  s_aj, s_ob, s_oi, S, QK_SCALE: tl.constexpr,
                   Q: tl.constexpr, G: tl.constexpr, H: tl.constexpr, HKV: tl.constexpr, HD: tl.constexpr,
                   SPLITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_Q: tl.constexpr,
                   PRECISION: tl.constexpr, COMPILED: tl.constexpr, PDL: tl.constexpr):
         # qkv: [B, Q, (H + 2 HKV) HD]; cos, sin: [B, Q, 1, HD]; k, v: [B, HKV, S, HD] (last dims
         # contiguous); len: [B] int64; anc: [B, Q, Q] int8; m, l: [B HKV, SPLITS + 1, M] fp32;
-        # acc: [B HKV, SPLITS + 1, M, HD] fp32. Scores are in log2 units (QK_SCALE has log2 e).
+        # acc: [B HKV, SPLITS + 1, M, HD] fp32; cnt: [B HKV tiles] int32, zero; o: [B, Q, H HD].
+        # Scores are in log2 units (QK_SCALE has log2 e).
         # QK_SCALE is a compile-time constant: under torch.compile a float argument arrives as
         # fp64, and would make the scores and the loop-carried max fp64.
         wait_and_release(PDL)  # qkv is the previous kernel's output
@@ -266,49 +270,49 @@ if triton is not None:
                 w_ok = (j_in & ((j == Q - 1) | (length + j < S - 1)))[:, None]
                 tl.store(k_ptr + b * s_kb + kvh * s_kh + slot[:, None] * s_ks + rd[None, :], k_new, mask=w_ok)
                 tl.store(v_ptr + b * s_vb + kvh * s_vh + slot[:, None] * s_vs + rd[None, :], v_new, mask=w_ok)
+        # The last of the SPLITS + 1 programs of this (row tile, row, kv head) to finish merges
+        # their partials into o and sets the count back to zero for the next call. The barrier
+        # puts every thread's stores before the count's release; the merge's loads bypass L1.
+        tl.debug_barrier()
+        count = cnt_ptr + bh * tl.num_programs(1) + tile
+        if tl.atomic_add(count, 1, sem="acq_rel") == SPLITS:
+            tl.atomic_xchg(count, 0)
+            _merge(m_ptr, l_ptr, acc_ptr, o_ptr, (bh * (SPLITS + 1)).to(tl.int64) * M + r, r_ok,
+                   length, b * s_ob + i[:, None] * s_oi + head[:, None] * HD + rd[None, :],
+                   M, HD, SPLITS, BLOCK_S, COMPILED)
 
     @triton.jit
     def _fold(m_ptr, l_ptr, acc_ptr, part, r_ok, top, den, num, HD: tl.constexpr):
-        # Adds the partial at rows `part` [BLOCK_R], weighted by 2^(m - top), to den, num.
+        # Adds the partial at rows `part` [BLOCK_M], weighted by 2^(m - top), to den, num.
         rd = tl.arange(0, HD)
-        w = tl.exp2(tl.load(m_ptr + part, mask=r_ok, other=float("-inf")) - top)
-        den += w * tl.load(l_ptr + part, mask=r_ok, other=0.0)
-        num += w[:, None] * tl.load(acc_ptr + part[:, None] * HD + rd[None, :], mask=r_ok[:, None], other=0.0)
+        w = tl.exp2(tl.load(m_ptr + part, mask=r_ok, other=float("-inf"), cache_modifier=".cg") - top)
+        den += w * tl.load(l_ptr + part, mask=r_ok, other=0.0, cache_modifier=".cg")
+        num += w[:, None] * tl.load(acc_ptr + part[:, None] * HD + rd[None, :], mask=r_ok[:, None], other=0.0,
+                                    cache_modifier=".cg")
         return den, num
 
     @triton.jit
-    def _combine(m_ptr, l_ptr, acc_ptr, len_ptr, o_ptr, s_ob, s_oi, S,
-                 Q: tl.constexpr, G: tl.constexpr, HKV: tl.constexpr, HD: tl.constexpr,
-                 SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_R: tl.constexpr,
-                 COMPILED: tl.constexpr, PDL: tl.constexpr):
-        # m, l, acc: as _partials wrote them; o: [B, Q, H HD] in the model dtype. Reads the new
-        # entries' partial and the prefix splits that ran (those with lo < length).
-        wait_and_release(PDL)
-        tile = tl.program_id(0)
-        bh = tl.program_id(1)
-        b = (bh // HKV).to(tl.int64)
-        kvh = bh % HKV
-        M: tl.constexpr = G * Q
-        length = tl.minimum(tl.load(len_ptr + b), S).to(tl.int32)
+    def _merge(m_ptr, l_ptr, acc_ptr, o_ptr, row0, r_ok, length, o_off, M: tl.constexpr, HD: tl.constexpr,
+               SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, COMPILED: tl.constexpr):
+        # Merges the partials of query rows row0 [BLOCK_M] (split 0's partial rows; r_ok: real
+        # rows) into o at offsets o_off [BLOCK_M, HD]: the new entries' partial and the prefix
+        # splits that ran (those with lo < length).
         per = tl.cdiv(tl.cdiv(length, BLOCK_S), SPLITS) * BLOCK_S
         ran = tl.cdiv(length, tl.maximum(per, 1))  # prefix splits with work: 0 when length is 0
-        r = tile * BLOCK_R + tl.arange(0, BLOCK_R)  # [BLOCK_R]
-        r_ok = r < M
-        rd = tl.arange(0, HD)
-        row0 = bh.to(tl.int64) * (SPLITS + 1) * M + r  # split 0's partial rows
         new = row0 + SPLITS * M
-        top = tl.load(m_ptr + new, mask=r_ok, other=float("-inf"))
+        top = tl.load(m_ptr + new, mask=r_ok, other=float("-inf"), cache_modifier=".cg")
         if COMPILED:
             for s in range(0, ran):
-                top = tl.maximum(top, tl.load(m_ptr + row0 + s * M, mask=r_ok, other=float("-inf")))
+                top = tl.maximum(top, tl.load(m_ptr + row0 + s * M, mask=r_ok, other=float("-inf"),
+                                              cache_modifier=".cg"))
         else:  # the interpreter's range() takes no tensor bounds
             s = 0
             while s < ran:
                 top = tl.maximum(top, tl.load(m_ptr + row0 + s * M, mask=r_ok, other=float("-inf")))
                 s += 1
         top = tl.where(top == float("-inf"), 0.0, top)  # a row that sees nothing: all weights 0
-        den, num = _fold(m_ptr, l_ptr, acc_ptr, new, r_ok, top, tl.zeros((BLOCK_R,), tl.float32),
-                         tl.zeros((BLOCK_R, HD), tl.float32), HD)
+        den, num = _fold(m_ptr, l_ptr, acc_ptr, new, r_ok, top, tl.zeros(top.shape, tl.float32),
+                         tl.zeros((top.shape[0], HD), tl.float32), HD)
         if COMPILED:
             for s in range(0, ran):
                 den, num = _fold(m_ptr, l_ptr, acc_ptr, row0 + s * M, r_ok, top, den, num, HD)
@@ -317,9 +321,7 @@ if triton is not None:
             while s < ran:
                 den, num = _fold(m_ptr, l_ptr, acc_ptr, row0 + s * M, r_ok, top, den, num, HD)
                 s += 1
-        o = num / tl.where(den > 0, den, 1.0)[:, None]  # [BLOCK_R, HD]
-        head = kvh * G + r // Q
-        o_off = b * s_ob + (r % Q)[:, None] * s_oi + head[:, None] * HD + rd[None, :]
+        o = num / tl.where(den > 0, den, 1.0)[:, None]  # [BLOCK_M, HD]
         tl.store(o_ptr + o_off, o.to(o_ptr.dtype.element_ty), mask=r_ok[:, None])
 
     INTERPRETED = not isinstance(_partials, triton.runtime.JITFunction)  # TRITON_INTERPRET=1 at import
@@ -374,20 +376,32 @@ def launch_shape(B: int, q: int, S: int, kv_heads: int, G: int, hd: int, sms: in
     return splits, block_m, block_s, tiles
 
 
+def counters(B: int, q: int, kv_heads: int, G: int, device: torch.device) -> torch.Tensor:
+    """Zeroed merge counts for `decode` over B rows of q inputs: one per (row, kv head, row
+    tile), for the fewest rows a tile takes (16). Each call leaves them zero again, so the layers
+    of a forward may share one buffer (a forward is one stream: its layers never overlap)."""
+    return torch.zeros(B * kv_heads * _cdiv(G * q, 16), dtype=torch.int32, device=device)
+
+
 def decode(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
            v_cache: torch.Tensor, lengths: torch.Tensor, ancestors: torch.Tensor, heads: int,
-           kv_heads: int, *, splits: Optional[int] = None, block_m: Optional[int] = None,
-           block_s: Optional[int] = None, num_warps: int = 4) -> torch.Tensor:
-    """reference() in two Triton launches (see the module docstring): -> o [B, q, heads*hd] in
-    qkv's dtype; writes the q new entries of each row into k_cache, v_cache. splits, block_m,
-    block_s, num_warps: overrides of the launch heuristic, for benchmarks and tests.
-    Traceable by torch.compile(fullgraph=True): nothing here reads a tensor's values."""
+           kv_heads: int, counts: Optional[torch.Tensor] = None, *, splits: Optional[int] = None,
+           block_m: Optional[int] = None, block_s: Optional[int] = None, num_warps: int = 4) -> torch.Tensor:
+    """reference() in one Triton launch (see the module docstring): -> o [B, q, heads*hd] in
+    qkv's dtype; writes the q new entries of each row into k_cache, v_cache. counts: a buffer
+    from `counters` for these shapes, left zero (native makes one per forward), or None for a
+    new one. splits, block_m, block_s, num_warps: overrides of the launch heuristic, for
+    benchmarks and tests. Traceable by torch.compile(fullgraph=True): nothing here reads a
+    tensor's values."""
     B, q, _ = qkv.shape
     S, hd = k_cache.shape[2], k_cache.shape[3]
     G = heads // kv_heads
     M = G * q
     splits, block_m, block_s, tiles = launch_shape(B, q, S, kv_heads, G, hd, _sm_count(qkv.device),
                                                    splits=splits, block_m=block_m, block_s=block_s)
+    if counts is None:
+        counts = counters(B, q, kv_heads, G, qkv.device)
+    torch._check(counts.numel() >= B * kv_heads * tiles, lambda: "decode: counts too small for these shapes")
     parts = B * kv_heads * (splits + 1) * M
     m = torch.empty(parts, dtype=torch.float32, device=qkv.device)
     l = torch.empty(parts, dtype=torch.float32, device=qkv.device)  # noqa: E741
@@ -404,18 +418,12 @@ def decode(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: tor
     pdl = launch_options(qkv.device, B * q)
     options = {} if torch.compiler.is_compiling() else {"enable_fp_fusion": False, **pdl}
     _partials[(splits + 1, tiles, B * kv_heads)](
-        qkv, cos, sin, k_cache, v_cache, lengths, anc, m, l, acc,
+        qkv, cos, sin, k_cache, v_cache, lengths, anc, m, l, acc, counts, o,
         qkv.stride(0), qkv.stride(1), cos.stride(0), cos.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        anc.stride(0), anc.stride(1), anc.stride(2), S, QK_SCALE=hd**-0.5 * LOG2E,
-        Q=q, G=G, H=heads, HKV=kv_heads, HD=hd, SPLITS=splits, BLOCK_M=block_m, BLOCK_S=block_s,
-        BLOCK_Q=max(16, _pow2(q)), PRECISION="ieee" if fp32 else "tf32",
+        anc.stride(0), anc.stride(1), anc.stride(2), o.stride(0), o.stride(1), S,
+        QK_SCALE=hd**-0.5 * LOG2E, Q=q, G=G, H=heads, HKV=kv_heads, HD=hd, SPLITS=splits,
+        BLOCK_M=block_m, BLOCK_S=block_s, BLOCK_Q=max(16, _pow2(q)), PRECISION="ieee" if fp32 else "tf32",
         COMPILED=not INTERPRETED, PDL=bool(pdl), num_warps=num_warps, **options)
-    block_r = min(16, max(4, _pow2(M)))
-    _combine[(_cdiv(M, block_r), B * kv_heads)](
-        m, l, acc, lengths, o, o.stride(0), o.stride(1), S,
-        Q=q, G=G, HKV=kv_heads, HD=hd, SPLITS=splits, BLOCK_S=block_s, BLOCK_R=block_r,
-        COMPILED=not INTERPRETED, PDL=bool(pdl), num_warps=4, **pdl)
     return o
-
