@@ -38,7 +38,7 @@ from specbench.kernels import gemv, pdl  # noqa: E402
 VARIANTS = {
     "eager": (False, None, "layer", False, False),
     "eager_kernels": (False, None, "layer", True, False),
-    "eager_kernels_nopdl": (False, None, "layer", True, False),  # without kernels/pdl.py's early launch
+    "eager_kernels_pdl": (False, None, "layer", True, False),  # with kernels/pdl.py's early launch
     "layer": (True, None, "layer", False, False),
     "layer_kernels": (True, None, "layer", True, False),
     "layer_cdt": (True, None, "layer", False, True),
@@ -135,7 +135,7 @@ def variant(native, name: str, ctx: int, device, steps: int, q: int = 1) -> dict
     import torch._inductor.config as inductor_config
     inductor_config.coordinate_descent_tuning = cdt
     t = time.perf_counter()
-    with pdl.enabled(not name.endswith("_nopdl")):  # PDL is decided at capture
+    with pdl.enabled(name.endswith("_pdl")):  # PDL is decided at capture
         engine = NativeEngine(native, 1, ctx + 128, compile=compile, compile_mode=mode, compile_scope=scope,
                               kernels=kernels)
         engine.prefill(0, torch.randint(0, native.s.vocab_size, (ctx,), device=device))

@@ -25,5 +25,5 @@ step() { local name=$1; shift; echo "== $name: $*"; "$@" > "$out/$name.log" 2>&1
 [[ $parts == *" attention "* ]] && step attention "$py" experiments/kernel_bench.py "$out/attention" --kernels attention "${tiny[@]}"
 [[ $parts == *" fused "* ]] && step fused "$py" experiments/engine_bench.py "$out/fused" --parts fused "${tiny[@]}"
 [[ $parts == *" profile "* ]] && step profile "$py" experiments/decode_profile.py "$out/profile" --q "${Q:-9}" \
-    --variants eager_kernels,eager_kernels_nopdl,eager,layer "${tiny[@]}"
+    --variants eager_kernels,eager_kernels_pdl,eager,layer "${tiny[@]}"
 exit 0

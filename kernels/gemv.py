@@ -146,15 +146,20 @@ if triton is not None:
             out = tl.dot(x, tl.trans(w), input_precision=PRECISION)
         return out
 
-    @triton.autotune(configs=_ROWS_CONFIGS, key=["M", "N", "K", "NORM", "GLU", "RESIDUAL"])
+    # Tuned per power-of-two bucket of rows (ROWS: 2, 4, 8, 16; the tiles pad to 16 anyway), not
+    # per row count: a sweep over q = 1 .. 16 then tunes 4 times a projection, not 15.
+    _ROWS_KEY = ["ROWS", "N", "K", "NORM", "GLU", "RESIDUAL"]
+
+    @triton.autotune(configs=_ROWS_CONFIGS, key=_ROWS_KEY)
     @triton.jit
-    def _rows_kernel(x_ptr, w_ptr, y_ptr, g_ptr, r_ptr, M, N, K: tl.constexpr, eps, PRECISION: tl.constexpr,
+    def _rows_kernel(x_ptr, w_ptr, y_ptr, g_ptr, r_ptr, M, ROWS, N, K: tl.constexpr, eps, PRECISION: tl.constexpr,
                      NORM: tl.constexpr, GLU: tl.constexpr, RESIDUAL: tl.constexpr, PDL: tl.constexpr,
                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWAP: tl.constexpr = False):
-        # x: [M <= 16, K], w: [N, K] (GLU: [2N, K]), y, r: [M, N], g: [K]; K % BLOCK_K == 0.
-        # The rows padded to 16 for one tensor-core product a tile; the folds, the first weight
-        # tile before the wait and the first step peeled as in _vector_kernel. SWAP: the sums
-        # kept as [BLOCK_N, 16] (see _ROWS_CONFIGS), turned once at the end.
+        # x: [M <= 16, K], w: [N, K] (GLU: [2N, K]), y, r: [M, N], g: [K]; K % BLOCK_K == 0;
+        # ROWS: the autotuner's key only. The rows padded to 16 for one tensor-core product a
+        # tile; the folds, the first weight tile before the wait and the first step peeled as in
+        # _vector_kernel. SWAP: the sums kept as [BLOCK_N, 16] (see _ROWS_CONFIGS), turned once
+        # at the end.
         pid = tl.program_id(0)
         rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]
         rk = tl.arange(0, BLOCK_K)  # [BLOCK_K]
@@ -198,7 +203,7 @@ if triton is not None:
     # twice its shared memory over 3 stages) and keeps two [16, BLOCK_N] fp32 sums. A second
     # autotuner rather than prune_configs_by: torch.compile traces no pruning function then.
     _rows_glu_kernel = triton.autotune(configs=[c for c in _ROWS_CONFIGS if c.kwargs["BLOCK_N"] <= 32],
-                                       key=["M", "N", "K", "NORM", "GLU", "RESIDUAL"])(_rows_kernel.fn)
+                                       key=_ROWS_KEY)(_rows_kernel.fn)
 
 
 def supported(x: torch.Tensor, w: torch.Tensor) -> bool:
@@ -235,5 +240,6 @@ def project(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor] = None, 
         _vector_kernel[grid](x2, w, y, g, r, N, K, eps, **folds)
     else:  # fp32: full-precision products, not tl.dot's default TF32
         precision = "ieee" if x.dtype == torch.float32 else "tf32"
-        (_rows_glu_kernel if glu else _rows_kernel)[grid](x2, w, y, g, r, M, N, K, eps, precision, **folds)
+        rows = 1 << (M - 1).bit_length()  # the bucket: 2, 4, 8 or 16
+        (_rows_glu_kernel if glu else _rows_kernel)[grid](x2, w, y, g, r, M, rows, N, K, eps, precision, **folds)
     return y.view(*lead, N)

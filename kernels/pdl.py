@@ -13,20 +13,21 @@ load its first weight tile; attention: nothing), then `wait_and_release`: wait f
 predecessor, then let the successor launch. Waiting before releasing keeps at most two grids
 in flight.
 
-PDL applies to forwards of one token in all (batch 1, q = 1) and nowhere else. On an H200 (8B
-shape, context 512, CUDA graphs, side by side in one run):
+PDL is off unless switched on (ENABLED), and then applies to forwards of one token in all
+(batch 1, q = 1) only. On an H200 (8B shape, context 512, CUDA graphs, side by side in one run):
 - a decode step took 4.32 ms with PDL and 4.35 without (results/2026-12-03-h200-evening), then
-  4.35 and 4.29 ms (results/2026-12-03-h200-night): within run-to-run noise, neither a gain
-  nor a loss yet;
+  4.35 and 4.29 ms (results/2026-12-03-h200-night), then, with the attention in one launch,
+  4.69 and 4.24 ms (results/2026-12-04-h200): never a gain, once a loss of a tenth;
 - a verify forward of 9 positions took 7.20 ms with PDL and 5.32 without
   (results/2026-12-03-h200-night). There every projection runs gemv's rows kernel and the
-  attention kernel tiles 9 x 4 query rows; why the early launch costs a third there was not
-  measured.
+  attention kernel tiles 9 x 4 query rows.
+Why the early launch costs was not measured: the profiler's kernel times overlap under PDL, so
+they do not say which grid waited for which. The kernels keep the hooks for that experiment.
 
 `launch_options(device, rows)` is what a launch passes: {"launch_pdl": True} where PDL applies
-(CUDA, compute capability 9 or more, one row, not under torch.compile, which launches user
-kernels itself), else {}. ENABLED switches it off for every kernel, for benchmarks that time
-both ways (`enabled(False)` for a block; a CUDA graph keeps what held at its capture).
+(ENABLED, CUDA, compute capability 9 or more, one row, not under torch.compile, which launches
+user kernels itself), else {}. `enabled(True)` switches it on for a block, for benchmarks that
+time both ways (a CUDA graph keeps what held at its capture).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ try:
 except ImportError:  # CPU installs without triton
     triton = None
 
-ENABLED = True
+ENABLED = False  # see the module docstring
 _CAPABLE: dict = {}  # device index -> compute capability >= 9
 
 

@@ -288,14 +288,20 @@ def test_attention_kernel_in_the_engine():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the projection kernels (specbench.kernels.gemv) run on CUDA only")
 @pytest.mark.parametrize("rows", [1, 2])
-def test_all_kernels_in_cuda_graphs_match_transformers(rows):
+@pytest.mark.parametrize("early", [False, True], ids=["serial", "pdl"])
+def test_all_kernels_in_cuda_graphs_match_transformers(rows, early):
     """engine.kernels where every kernel applies (widths a multiple of 512): the projections with
     their folds, one row (decode at batch 1) or several (a chain, a batch), attention, all in
-    CUDA graphs, with programmatic dependent launch where it applies (Hopper, one token a
-    forward). fp32 logits within 1e-4 of transformers, after a decode, a chain and a rollback.
-    On an H200 it passed at cb48cd2, when PDL covered every forward; it has not run since PDL
-    was narrowed to one token (ced1021)."""
+    CUDA graphs, launched one after another or with programmatic dependent launch where it
+    applies (Hopper, one token a forward; specbench.kernels.pdl). fp32 logits within 1e-4 of
+    transformers, after a decode, a chain and a rollback."""
     pytest.importorskip("triton", reason="the dev extra installs triton on Linux")
+    from specbench.kernels import pdl
+    with pdl.enabled(early):  # decided at capture
+        _all_kernels_match_transformers(rows)
+
+
+def _all_kernels_match_transformers(rows):
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=1000, hidden_size=512, intermediate_size=1024, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)

@@ -50,7 +50,7 @@ def _launch(x, w, kw, swap=False):
             x, w, y, kw.get("norm", x), r, N, K, 1e-5, **folds, PDL=False, BLOCK_N=8, BLOCK_K=256)
     else:
         gemv._rows_kernel.fn[(triton.cdiv(N, 16),)](
-            x, w, y, kw.get("norm", x), r, M, N, K, 1e-5, "ieee", **folds, PDL=False, BLOCK_N=16, BLOCK_K=128,
+            x, w, y, kw.get("norm", x), r, M, 16, N, K, 1e-5, "ieee", **folds, PDL=False, BLOCK_N=16, BLOCK_K=128,
             SWAP=swap)
     return y
 
