@@ -126,25 +126,15 @@ if triton is not None:
             y = y.to(dtype).to(tl.float32) + tl.load(r_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)
         tl.store(y_ptr + rn, y.to(dtype), mask=n_ok)
 
-    # (BLOCK_N, BLOCK_K, warps, stages, SWAP). After the grid: deeper tiles for the long rows of
-    # w2 (K = 14336 in the 8B shape), where the rows kernel streamed at 0.72 of the copy bandwidth
-    # against the one-row kernel's 0.92; with them 0.75 (results/2026-12-03-h200-night), within
-    # noise. Then the weight tile as the left operand (SWAP: [BLOCK_N, BLOCK_K] x [BLOCK_K, 16],
-    # the "swap AB" of small-batch GEMMs), which lets Hopper's warpgroup MMA take 64 weight rows.
-    _ROWS_CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk, "SWAP": swap}, num_warps=w, num_stages=s)
-                     for bn, bk, w, s, swap in
-                     [(bn, bk, w, 3, False) for bn in (16, 32, 64) for bk in (128, 256) for w in (4, 8)]
-                     + [(16, 512, 4, 3, False), (16, 512, 8, 3, False), (16, 256, 4, 4, False), (32, 128, 4, 4, False)]
-                     + [(32, 256, 4, 3, True), (32, 128, 4, 4, True), (64, 128, 4, 4, True), (64, 256, 4, 3, True)]]
-
-    @triton.jit
-    def _mma(x, w, SWAP: tl.constexpr, PRECISION: tl.constexpr):
-        # x: [16, BLOCK_K], w: [BLOCK_N, BLOCK_K] -> x w^T [16, BLOCK_N], or with SWAP w x^T [BLOCK_N, 16]
-        if SWAP:
-            out = tl.dot(w, tl.trans(x), input_precision=PRECISION)
-        else:
-            out = tl.dot(x, tl.trans(w), input_precision=PRECISION)
-        return out
+    # The last four: deeper tiles for the long rows of w2 (K = 14336 in the 8B shape), where the
+    # rows kernel streamed at 0.72 of the copy bandwidth against the one-row kernel's 0.92; with
+    # them 0.75 (results/2026-12-03-h200-night), within noise. The weight tile as tl.dot's left
+    # operand ("swap AB", [BLOCK_N, BLOCK_K] x [BLOCK_K, 16], four more configurations) was never
+    # the autotuner's pick at 9 rows on the 8B shape's projections (results/2026-12-04-h200), and
+    # is gone again.
+    _ROWS_CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=s)
+                     for bn, bk, w, s in [(bn, bk, w, 3) for bn in (16, 32, 64) for bk in (128, 256) for w in (4, 8)]
+                     + [(16, 512, 4, 3), (16, 512, 8, 3), (16, 256, 4, 4), (32, 128, 4, 4)]]
 
     # Tuned per power-of-two bucket of rows (ROWS: 2, 4, 8, 16; the tiles pad to 16 anyway), not
     # per row count: a sweep over q = 1 .. 16 then tunes 4 times a projection, not 15.
@@ -154,12 +144,11 @@ if triton is not None:
     @triton.jit
     def _rows_kernel(x_ptr, w_ptr, y_ptr, g_ptr, r_ptr, M, ROWS, N, K: tl.constexpr, eps, PRECISION: tl.constexpr,
                      NORM: tl.constexpr, GLU: tl.constexpr, RESIDUAL: tl.constexpr, PDL: tl.constexpr,
-                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWAP: tl.constexpr = False):
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
         # x: [M <= 16, K], w: [N, K] (GLU: [2N, K]), y, r: [M, N], g: [K]; K % BLOCK_K == 0;
         # ROWS: the autotuner's key only. The rows padded to 16 for one tensor-core product a
         # tile; the folds, the first weight tile before the wait and the first step peeled as in
-        # _vector_kernel. SWAP: the sums kept as [BLOCK_N, 16] (see _ROWS_CONFIGS), turned once
-        # at the end.
+        # _vector_kernel.
         pid = tl.program_id(0)
         rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]
         rk = tl.arange(0, BLOCK_K)  # [BLOCK_K]
@@ -176,18 +165,15 @@ if triton is not None:
         # a first pass over x for each row's rstd (x is tiny: re-read from cache)
         rstd = _rstd(x_ptr, x_off, x_ok, K, eps, BLOCK_K)[:, None] if NORM else 1.0  # [16, 1]
         x = _x_tile(x_ptr, g_ptr, x_off, rk[None, :], x_ok, rstd, NORM, dtype)  # [16, BLOCK_K]
-        acc = _mma(x, w, SWAP, PRECISION)  # [16, BLOCK_N] (SWAP: [BLOCK_N, 16])
-        acc_up = _mma(x, up, SWAP, PRECISION) if GLU else acc
+        acc = tl.dot(x, tl.trans(w), input_precision=PRECISION)  # [16, BLOCK_N]
+        acc_up = tl.dot(x, tl.trans(up), input_precision=PRECISION) if GLU else acc
         for k0 in range(BLOCK_K, K, BLOCK_K):
             x = _x_tile(x_ptr + k0, g_ptr + k0, x_off, rk[None, :], x_ok, rstd, NORM, dtype)
             w = tl.load(w_ptrs + k0, mask=n_ok[:, None], other=0.0, eviction_policy="evict_first")
-            acc += _mma(x, w, SWAP, PRECISION)
+            acc += tl.dot(x, tl.trans(w), input_precision=PRECISION)
             if GLU:
                 up = tl.load(w_ptrs + N * K + k0, mask=n_ok[:, None], other=0.0, eviction_policy="evict_first")
-                acc_up += _mma(x, up, SWAP, PRECISION)
-        if SWAP:
-            acc = tl.trans(acc)
-            acc_up = tl.trans(acc_up) if GLU else acc
+                acc_up += tl.dot(x, tl.trans(up), input_precision=PRECISION)
         y = acc.to(dtype).to(tl.float32)  # [16, BLOCK_N], rounded like F.linear's output
         if GLU:
             up = acc_up.to(dtype).to(tl.float32)
