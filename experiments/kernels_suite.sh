@@ -18,6 +18,9 @@ py=${PYTHON:-python3}
 tiny=()
 [ -n "${TINY:-}" ] && tiny=(--tiny)
 mkdir -p "$out"
+# Autotuning results kept on disk (~/.triton/cache): the parts run in separate processes, and on a
+# fresh machine tuning the rows kernel per shape took most of a call (results/2026-12-04-h200).
+export TRITON_CACHE_AUTOTUNING=${TRITON_CACHE_AUTOTUNING:-1}
 step() { local name=$1; shift; echo "== $name: $*"; "$@" > "$out/$name.log" 2>&1; echo "   exit $?"; tail -n 15 "$out/$name.log"; }
 [[ $parts == *" tests "* ]] && step tests "$py" -m pytest -q tests/test_attention.py tests/test_gemv.py \
     tests/test_engines.py::test_attention_kernel_in_the_engine tests/test_engines.py::test_all_kernels_in_cuda_graphs_match_transformers
