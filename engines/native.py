@@ -176,12 +176,14 @@ class Transformer(nn.Module):
                 states[i] = x
             x = layer(s, attention, x, cos, sin, where, cache_k[i], cache_v[i], lengths, ancestors,
                       *weights.weights, kernels=kernels)
-        x = self.norm(x)
-        states[s.layers] = x
+        norm = self.norm.weight  # folded into the output projection, after `last` picks the rows
+        if s.layers in feature_layers:  # unless the normed states are a feature
+            x, norm = self.norm(x), None
+            states[s.layers] = x
         features = torch.cat([states[i] for i in feature_layers], -1) if feature_layers else None
         if last is not None:
             x = x[torch.arange(B, device=x.device), last]  # [B, D]
-        return project(x, self.output.weight, kernel=kernels), features
+        return project(x, self.output.weight, norm=norm, eps=s.eps, kernel=kernels), features
 
     @classmethod
     def from_hf(cls, model) -> Transformer:
