@@ -111,7 +111,8 @@ def block(s: Shape, attention, x, cos, sin, where, k_cache, v_cache, lengths, an
           attention_norm, wqkv, bqkv, wo, ffn_norm, w13, w2, kernels: bool = False):
     """One decoder layer as a function of its weights, so that one compiled function serves
     every layer. x: [B, q, D]; cos, sin: [B, q, 1, hd]; where: (mask [B, 1, G*q, S] bool,
-    (rows [B, 1], slots [B, q])) for the torch attentions, counts for kernel_attention; k_cache, v_cache: [B, Hkv, S, hd]; lengths [B], ancestors [B, q, q]: where
+    (rows [B, 1], slots [B, q])) for the torch attentions, the merge counts for
+    kernel_attention; k_cache, v_cache: [B, Hkv, S, hd]; lengths [B], ancestors [B, q, q]: where
     the new entries go and what they see; attention: one of the *_attention functions above.
     kernels: the projections through specbench.kernels.gemv where it applies (B q <= 16 input
     rows: the norms, the MLP activation and the residual adds folded into them)."""

@@ -90,8 +90,8 @@ def native_decode(native, ctx: int, device, compile: bool, steps: int, mode=None
                   kernels: bool = False, pdl: bool = False) -> dict:
     """Decode steps at batch 1 after a prefill of ctx random tokens: the engine's own loop
     (inputs copied in, one graph replay, lengths moved), and the graph replay alone. The token
-    lives on the device, as a sampled one does. pdl=False: the kernels without programmatic
-    dependent launch (kernels/pdl.py; off by default)."""
+    lives on the device, as a sampled one does. pdl=True: the kernels with programmatic dependent
+    launch (kernels/pdl.py; off by default)."""
     if mode is not None:
         torch._dynamo.reset()  # compiled code is cached per function: forget the default mode's
     with pdl_mod.enabled(pdl):  # PDL is decided at capture
