@@ -39,6 +39,13 @@ class DraftState:
         """Draft nodes wanted, the root excluded."""
         return (self.num_draft_tokens or self.k * self.topk + 1) - 1
 
+    @property
+    def ids(self) -> tuple:
+        """The B request ids: request_ids, or 0 .. B-1 where the caller gave none; distinct."""
+        ids = self.request_ids or tuple(range(len(self.tokens)))
+        assert len(ids) == len(self.tokens) and len(set(ids)) == len(ids), ids
+        return ids
+
 
 @dataclass(frozen=True)
 class DraftProposal:

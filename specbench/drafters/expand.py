@@ -115,9 +115,7 @@ def draft(
     generator: Optional[torch.Generator],
 ) -> DraftProposal:
     """B requests' proposals, each from its request's stepper: chains or trees, by the state's shape."""
-    B = len(state.tokens)
-    ids = state.request_ids or tuple(range(B))
-    assert len(ids) == B, (ids, B)
+    B, ids = len(state.tokens), state.ids
     chain, greedy = is_chain(state), method == "greedy" or params.greedy
     M = state.k if chain else state.max_nodes
     tokens = torch.full((B, M), -1, dtype=torch.int64)  # [B, M]

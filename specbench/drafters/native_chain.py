@@ -93,10 +93,7 @@ class RowCache:
     @staticmethod
     def _ids(state: DraftState) -> tuple[tuple, list]:
         """-> the round's request ids (B, distinct) and histories B x [T_b] on the CPU."""
-        B = len(state.tokens)
-        ids = state.request_ids or tuple(range(B))
-        assert len(ids) == B and len(set(ids)) == B, ids
-        return ids, [t.detach().cpu().view(-1) for t in state.tokens]
+        return state.ids, [t.detach().cpu().view(-1) for t in state.tokens]
 
     def release(self, request_ids: Iterable[Hashable]) -> None:
         """Free these requests' rows (unknown ids are ignored)."""

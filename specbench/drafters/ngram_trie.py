@@ -373,9 +373,7 @@ class NgramTrieDrafter:
         return _level_order(drafted)
 
     def propose(self, state: DraftState) -> DraftProposal:
-        B, M = len(state.tokens), state.max_nodes
-        ids = state.request_ids or tuple(range(B))
-        assert len(ids) == B, (ids, B)
+        B, M, ids = len(state.tokens), state.max_nodes, state.ids
         for rid, tokens in zip(ids, state.tokens):  # everyone's new tokens first, then matching
             self.observe(rid, tokens)
         device = state.tokens[0].device if B else torch.device("cpu")
