@@ -27,7 +27,17 @@ t=()
 read -r -a engine <<< "${ENGINE_ARGS:-engine=native engine.compile=true}"
 log="$out/log.txt"
 quiet() { grep -v -E "it/s\]|Warning|warn\(" | tee -a "$log"; }
-run() { echo "== $*" | tee -a "$log"; "$py" -m specbench "$@" "${engine[@]}" "results_dir=$res" "${t[@]}" 2>&1 | quiet; }
+# OUT/rows.csv after every sweep, so that a call cut by its time limit still brings back the rows
+# so far (the results folder itself is too deep for a device call to fetch)
+collect() {
+  "$py" - "$res" "$out" <<'PY'
+import sys, pathlib
+from specbench.analysis import load_results
+res, out = map(pathlib.Path, sys.argv[1:])
+load_results(res).to_csv(out / "rows.csv", index=False)
+PY
+}
+run() { echo "== $*" | tee -a "$log"; "$py" -m specbench "$@" "${engine[@]}" "results_dir=$res" "${t[@]}" 2>&1 | quiet; collect; }
 
 if [[ $parts == *" synthetic "* ]]; then
   for a in 0.6 0.7 0.8 0.9; do
@@ -57,9 +67,3 @@ if [[ $parts == *" sampling "* ]]; then
   real 1,8 16 +drafter=draft_model drafter.draft_sample_method=greedy,probabilistic temperature=0.7
   real 48 48 +drafter=draft_model drafter.draft_sample_method=greedy,probabilistic temperature=0.7
 fi
-"$py" - "$res" "$out" <<'PY'
-import sys, pathlib
-from specbench.analysis import load_results
-res, out = map(pathlib.Path, sys.argv[1:])
-load_results(res).to_csv(out / "rows.csv", index=False)
-PY
