@@ -21,7 +21,7 @@ PDL is off unless switched on (ENABLED), and then applies to forwards of one tok
 - a verify forward of 9 positions took 7.20 ms with PDL and 5.32 without
   (results/2026-12-03-h200-night). There every projection runs gemv's rows kernel and the
   attention kernel tiles 9 x 4 query rows.
-Why the early launch costs was not measured: the profiler's kernel times overlap under PDL, so
+Why the early launch costs time was not measured: the profiler's kernel times overlap under PDL, so
 they do not say which grid waited for which. The kernels keep the hooks for that experiment.
 
 `launch_options(device, rows)` is what a launch passes: {"launch_pdl": True} where PDL applies

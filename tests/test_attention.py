@@ -143,8 +143,8 @@ CASES = {
     "tree-tiles": (1, 9, 4, 1, 32, 70, [61], True, {"splits": 4, "block_s": 16, "block_m": 16}),
     "tree-heuristic": (3, 4, 4, 1, 16, 100, [96, 0, 70], True, {}),
     "chain-more-splits-than-blocks-used": (3, 9, 1, 1, 16, 60, [2, 51, 30], False, {"splits": 4, "block_s": 16}),
-    "tree-wide": (1, 33, 8, 1, 16, 90, [57], True, {}),
-    "decode-merge-chunks": (2, 1, 4, 2, 16, 140, [130, 40], False, {"splits": 7, "block_s": 16}),  # 5 and 3 splits ran  # 264 query rows: 5 tiles of 64, BLOCK_Q 64
+    "tree-wide": (1, 33, 8, 1, 16, 90, [57], True, {}),  # 264 query rows: 5 tiles of 64, BLOCK_Q 64
+    "decode-merge-chunks": (2, 1, 4, 2, 16, 140, [130, 40], False, {"splits": 7, "block_s": 16}),  # 5 and 3 splits ran
 }
 
 
