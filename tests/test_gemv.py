@@ -137,3 +137,24 @@ def test_decode_profile_and_attention_crossover_run_tiny(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     rows = json.loads((tmp_path / "engine_bench.json").read_text())["attention_crossover"]
     assert [r["rows"] for r in rows] == [1, 4] and all(r["matmul_ms"] > 0 and r["fused_ms"] > 0 for r in rows)
+
+
+def test_kernel_resources_compiles_the_attention_offline(tmp_path):
+    """experiments/kernel_resources.py compiles the attention kernel for sm_90 with the installed
+    Triton and reads its registers with Triton's cuobjdump: no GPU needed. Without TRITON_INTERPRET
+    (the interpreter would hand it Python functions)."""
+    pytest.importorskip("triton", reason="the dev extra installs triton on Linux")
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "experiments" / "kernel_resources.py"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, str(script), str(tmp_path), "--kernels", "attention"],
+                         capture_output=True, text=True, timeout=600, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = json.loads((tmp_path / "kernel_resources.json").read_text())["rows"]
+    assert [r["q"] for r in rows] == [1, 9]
+    assert all(0 < r["regs"] <= 255 and r["ctas_per_sm"] >= 1 and r["programs"] == 272 for r in rows), rows

@@ -1,0 +1,137 @@
+"""Issue 6: what the compiler makes of the decode kernels, without a GPU.
+
+    python experiments/kernel_resources.py OUT [--arch 90] [--kernels gemv,attention]
+
+Compiles specbench.kernels.gemv (each of its tile configurations, for each projection of a
+Llama-3.1-8B layer) and specbench.kernels.attention (its launch at 1 and 9 positions, context
+4096) for one CUDA architecture with the installed Triton, and reads each binary's resources
+with the cuobjdump that ships with Triton: registers a thread, bytes of stack (spills show
+there), shared memory, whether the main loop copies asynchronously (cp.async: software
+pipelined), and the CTAs an SM can hold by those numbers (an estimate from the Hopper limits
+below; the occupancy the hardware reaches can be lower). Needs no GPU: ptxas runs here.
+
+Pointers are declared 16-byte aligned, as Triton's launcher specializes them on a GPU (without
+that nothing vectorizes or pipelines). What this measures is the compiler, not the kernels'
+speed, and it is the installed Triton's: the H200 machines' Triton may compile differently.
+Run it without TRITON_INTERPRET (the interpreter replaces the kernels it compiles).
+Writes OUT/kernel_resources.json (with Triton's version, git SHA, date) and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from specbench import provenance  # noqa: E402
+from specbench.kernels import attention, gemv  # noqa: E402
+
+# Hopper (sm_90) per SM: 64 K registers (allocated per warp in units of 256), 228 KB of shared
+# memory (1 KB of it reserved per CTA), 64 warps, 32 CTAs
+REGS, SMEM, WARPS, CTAS = 65536, 233472, 64, 32
+D, HIDDEN, HEADS, KV_HEADS, HD = 4096, 14336, 32, 8, 128  # Llama-3.1-8B
+PROJECTIONS = {  # name -> (N, K, folds)
+    "wqkv": ((HEADS + 2 * KV_HEADS) * HD, D, dict(NORM=True, GLU=False, RESIDUAL=False)),
+    "wo": (D, HEADS * HD, dict(NORM=False, GLU=False, RESIDUAL=True)),
+    "w13": (HIDDEN, D, dict(NORM=True, GLU=True, RESIDUAL=False)),
+    "w2": (D, HIDDEN, dict(NORM=False, GLU=False, RESIDUAL=True)),
+}
+
+
+def compile_(fn, types: dict, consts: dict, num_warps: int, num_stages: int, arch: int, **options) -> dict:
+    """fn compiled for sm_<arch>: types maps the runtime arguments to Triton types ("*bf16",
+    "i32"), consts the compile-time ones. -> registers, stack, shared bytes, cp.async count,
+    CTAs an SM holds."""
+    signature = {name: types.get(name, "i32") for name in fn.arg_names}
+    signature.update({name: "constexpr" for name in consts})
+    index = fn.arg_names.index
+    src = ASTSource(fn=fn, signature=signature, constexprs={(index(k),): v for k, v in consts.items()},
+                    attrs={(index(k),): [["tt.divisibility", 16]] for k, t in signature.items() if t.startswith("*")})
+    kernel = triton.compile(src, target=GPUTarget("cuda", arch, 32),
+                            options={"num_warps": num_warps, "num_stages": num_stages, **options})
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "k.cubin"
+        path.write_bytes(kernel.asm["cubin"])
+        cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+        usage = subprocess.run([str(cuobjdump), "-res-usage", str(path)], capture_output=True, text=True).stdout
+    regs, stack = (int(re.search(rf"{key}:(\d+)", usage).group(1)) for key in ("REG", "STACK"))
+    shared = kernel.metadata.shared
+    per_warp = -(-regs * 32 // 256) * 256
+    ctas = min(REGS // (per_warp * num_warps), SMEM // (shared + 1024), WARPS // num_warps, CTAS)
+    return {"regs": regs, "stack": stack, "shared": shared, "cp_async": len(re.findall(r"cp\.async\.c[ag]\.shared", kernel.asm["ptx"])),
+            "ctas_per_sm": ctas}
+
+
+def gemv_rows(arch: int) -> list:
+    rows = []
+    pointers = {name: "*bf16" for name in ("x_ptr", "w_ptr", "y_ptr", "g_ptr", "r_ptr")}
+    for name, (N, K, folds) in PROJECTIONS.items():
+        kernels = [("vector", gemv._vector_kernel), ("rows", gemv._rows_glu_kernel if folds["GLU"] else gemv._rows_kernel)]
+        for kind, tuner in kernels:
+            for config in tuner.configs:
+                consts = dict(K=K, PDL=False, **folds, **config.kwargs)
+                if kind == "rows":
+                    consts["PRECISION"] = "tf32"
+                row = {"kernel": f"gemv_{kind}", "projection": name, "N": N, "K": K, **config.kwargs,
+                       "num_warps": config.num_warps, "num_stages": config.num_stages}
+                row.update(compile_(tuner.fn, {**pointers, "eps": "fp32"}, consts, config.num_warps,
+                                    config.num_stages, arch))
+                row["programs"] = -(-N // config.kwargs["BLOCK_N"])
+                rows.append(row)
+    return rows
+
+
+def attention_rows(arch: int, S: int = 4096) -> list:
+    rows = []
+    types = {name: "*bf16" for name in ("qkv_ptr", "cos_ptr", "sin_ptr", "k_ptr", "v_ptr", "o_ptr")}
+    types.update(len_ptr="*i64", anc_ptr="*i8", m_ptr="*fp32", l_ptr="*fp32", acc_ptr="*fp32", cnt_ptr="*i32")
+    G = HEADS // KV_HEADS
+    for q in (1, 9):
+        splits, block_m, block_s, tiles = attention.launch_shape(1, q, S, KV_HEADS, G, HD, 132)
+        consts = dict(QK_SCALE=HD**-0.5 * attention.LOG2E, Q=q, G=G, H=HEADS, HKV=KV_HEADS, HD=HD, SPLITS=splits,
+                      SPLITS_P2=attention._pow2(splits), CHUNK=max(1, 64 // block_m), BLOCK_M=block_m,
+                      BLOCK_S=block_s, BLOCK_Q=max(16, attention._pow2(q)), PRECISION="tf32", COMPILED=True, PDL=False)
+        row = {"kernel": "attention", "q": q, "context": S, "splits": splits, "BLOCK_M": block_m, "BLOCK_S": block_s,
+               "num_warps": 4, "programs": (splits + 1) * tiles * KV_HEADS}
+        row.update(compile_(attention._partials, types, consts, 4, 3, arch, enable_fp_fusion=False))
+        rows.append(row)
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--arch", type=int, default=90, help="compute capability x 10 (90: Hopper)")
+    ap.add_argument("--kernels", default="gemv,attention")
+    args = ap.parse_args(argv)
+    kernels = args.kernels.split(",")
+    results = {"arch": f"sm_{args.arch}", "triton": triton.__version__, "git_sha": provenance.git_sha(),
+               "date": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S%z"), "note": "compiled offline: no GPU ran",
+               "rows": (gemv_rows(args.arch) if "gemv" in kernels else [])
+               + (attention_rows(args.arch) if "attention" in kernels else [])}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "kernel_resources.json").write_text(json.dumps(results, indent=1))
+    print(f"sm_{args.arch}, Triton {results['triton']}, {results['git_sha']}  (compiled offline; CTAs/SM estimated)")
+    print(f"{'kernel':12s} {'what':10s} {'tile':>18s} {'regs':>5s} {'stack':>6s} {'smem KB':>8s} {'cp.async':>9s}"
+          f" {'CTAs/SM':>8s} {'programs':>9s}")
+    for r in results["rows"]:
+        what = r.get("projection") or f"q={r['q']}"
+        tile = (f"{r['BLOCK_N']}x{r['BLOCK_K']} w{r['num_warps']} s{r['num_stages']}" if "BLOCK_N" in r
+                else f"splits {r['splits']} m{r['BLOCK_M']}")
+        print(f"{r['kernel']:12s} {what:10s} {tile:>18s} {r['regs']:5d} {r['stack']:6d} {r['shared'] / 1024:8.1f}"
+              f" {r['cp_async']:9d} {r['ctas_per_sm']:8d} {r['programs']:9d}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
