@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import platform
 import re
 import subprocess
 import sys
@@ -115,7 +116,8 @@ def main(argv=None) -> int:
     ap.add_argument("--kernels", default="gemv,attention")
     args = ap.parse_args(argv)
     kernels = args.kernels.split(",")
-    results = {"arch": f"sm_{args.arch}", "triton": triton.__version__, "git_sha": provenance.git_sha(),
+    results = {"arch": f"sm_{args.arch}", "triton": triton.__version__, "host": platform.processor() or platform.machine(),
+               "python": platform.python_version(), **provenance.versions(), "git_sha": provenance.git_sha(),
                "date": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S%z"), "note": "compiled offline: no GPU ran",
                "rows": (gemv_rows(args.arch) if "gemv" in kernels else [])
                + (attention_rows(args.arch) if "attention" in kernels else [])}
