@@ -170,6 +170,7 @@ def verify_curve(native, ctx: int, device, compile: bool, qs, steps: int, kernel
     for q in qs:
         tokens = torch.randint(0, native.s.vocab_size, (1, q))
         times[q] = median_ms(lambda: engine.forward(tokens), device, n=steps)  # lengths unchanged: same ctx
+        print(f"    t({q}) at context {ctx}: {times[q]:.3f} ms", flush=True)  # in the log if a limit cuts the curve
     return times
 
 
