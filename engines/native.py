@@ -150,14 +150,23 @@ class Transformer(nn.Module):
         self.register_buffer("inv_freq", inv_freq.float().clone(), persistent=False)  # [hd / 2]
         self.rope_scale = rope_scale  # transformers' attention_scaling (1.0 but for YaRN-like rope)
 
+    def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """RoPE's cos and sin at positions [...] (int) -> [..., 2, hd] in dtype, as transformers
+        computes them: angles in fp32, scaled, then rounded."""
+        freqs = positions.float()[..., None] * self.inv_freq  # [..., hd / 2]
+        angles = torch.cat([freqs, freqs], -1)
+        return (torch.stack([angles.cos(), angles.sin()], -2) * self.rope_scale).to(dtype)
+
     def forward(self, tokens, lengths, depth, ancestors, cache_k, cache_v, feature_layers=(), last=None,
-                layer=block, attention=matmul_attention, kernels=False):
+                layer=block, attention=matmul_attention, kernels=False, rope=None):
         """tokens: [B, q] at depths depth [B, q] past each row's length [B], seeing the cache
         before it and the inputs in ancestors [B, q, q] (bool, diagonal set). cache_k, cache_v:
         [L, B, Hkv, S, hd]. -> logits [B, q, V] (or [B, V] at the positions `last` [B]), and
         the features [B, q, D * len(feature_layers)] (transformers' hidden_states indices:
         i < L the input of layer i, L the final-norm output) or None. `layer` computes each
-        layer (`block`, or a compiled copy of it) with `attention`; `kernels`: see block."""
+        layer (`block`, or a compiled copy of it) with `attention`; `kernels`: see block.
+        rope: `self.rope` of positions 0 .. P-1 ([P, 2, hd]), to gather from (positions past it
+        read its last row: only clamped cache writes have them), or None to compute here."""
         s = self.s
         B, q = tokens.shape
         S = cache_k.shape[3]
@@ -166,11 +175,13 @@ class Transformer(nn.Module):
             ancestors = ancestors.to(torch.int8)
         else:
             where = attention_mask(lengths, ancestors, S, s.heads // s.kv_heads), attention_places(lengths, q, S)
-        freqs = (lengths[:, None] + depth).float()[..., None] * self.inv_freq  # [B, q, hd / 2]
-        angles = torch.cat([freqs, freqs], -1)[:, :, None]  # [B, q, 1, hd]
         x = self.tok_embeddings(tokens)
-        cos = (angles.cos() * self.rope_scale).to(x.dtype)
-        sin = (angles.sin() * self.rope_scale).to(x.dtype)
+        positions = lengths[:, None] + depth  # [B, q]
+        if rope is None:
+            rope = self.rope(positions, x.dtype)  # [B, q, 2, hd]
+        else:  # one gather where computing took about ten small kernels
+            rope = rope[positions.clamp(max=rope.shape[0] - 1)]
+        cos, sin = rope[:, :, 0:1], rope[:, :, 1:2]  # [B, q, 1, hd] each
         states = {}
         for i, weights in enumerate(self.layers):
             if i in feature_layers:
@@ -243,6 +254,8 @@ class NativeEngine:
         self.cache_v = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.lengths = torch.zeros(rows, dtype=torch.int64, device=self.device)  # [B]
         self.kv_bytes_per_token = 2 * s.layers * s.kv_heads * s.head_dim * self.cache_k.element_size()  # K and V
+        # RoPE's cos and sin for every position the cache holds, gathered by each forward
+        self.rope = model.rope(torch.arange(self.capacity, device=self.device), self.dtype)  # [S, 2, hd]
         # compile_scope "layer": one layer's graph, reused by every layer (the weights are inputs),
         # quick to compile; "model": the whole forward, which can also fuse across layers and the
         # mask and RoPE tables. Dynamic in q after the second shape. Prefills run uncompiled.
@@ -282,7 +295,7 @@ class NativeEngine:
         logits, features = self.model(
             input_ids.to(self.device)[None], self.lengths.new_zeros(1), depth[None], ancestors[None],
             self.cache_k[:, row : row + 1], self.cache_v[:, row : row + 1], self.feature_layers,
-            last=torch.tensor([T - 1], device=self.device), attention=sdpa_attention,
+            last=torch.tensor([T - 1], device=self.device), attention=sdpa_attention, rope=self.rope,
         )
         self.lengths[row] = T
         return (logits[0], features[0]) if self.feature_layers else logits[0]
@@ -310,7 +323,7 @@ class NativeEngine:
 
     def _run(self, inputs):
         return self._forward(*inputs, self.cache_k, self.cache_v, self.feature_layers, layer=self._layer,
-                             attention=self._attention, kernels=self.kernels)
+                             attention=self._attention, kernels=self.kernels, rope=self.rope)
 
     def _replay(self, inputs, tree: bool):
         """A chain's graph keeps its depth and mask from the capture: only the tokens change."""
