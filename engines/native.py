@@ -255,7 +255,7 @@ class NativeEngine:
         self.lengths = torch.zeros(rows, dtype=torch.int64, device=self.device)  # [B]
         self.kv_bytes_per_token = 2 * s.layers * s.kv_heads * s.head_dim * self.cache_k.element_size()  # K and V
         # RoPE's cos and sin for every position the cache holds, gathered by each forward
-        self.rope = model.rope(torch.arange(self.capacity, device=self.device), self.dtype)  # [S, 2, hd]
+        self.rope_table = model.rope(torch.arange(self.capacity, device=self.device), self.dtype)  # [S, 2, hd]
         # compile_scope "layer": one layer's graph, reused by every layer (the weights are inputs),
         # quick to compile; "model": the whole forward, which can also fuse across layers and the
         # mask and RoPE tables. Dynamic in q after the second shape. Prefills run uncompiled.
@@ -295,7 +295,7 @@ class NativeEngine:
         logits, features = self.model(
             input_ids.to(self.device)[None], self.lengths.new_zeros(1), depth[None], ancestors[None],
             self.cache_k[:, row : row + 1], self.cache_v[:, row : row + 1], self.feature_layers,
-            last=torch.tensor([T - 1], device=self.device), attention=sdpa_attention, rope=self.rope,
+            last=torch.tensor([T - 1], device=self.device), attention=sdpa_attention, rope=self.rope_table,
         )
         self.lengths[row] = T
         return (logits[0], features[0]) if self.feature_layers else logits[0]
@@ -323,7 +323,7 @@ class NativeEngine:
 
     def _run(self, inputs):
         return self._forward(*inputs, self.cache_k, self.cache_v, self.feature_layers, layer=self._layer,
-                             attention=self._attention, kernels=self.kernels, rope=self.rope)
+                             attention=self._attention, kernels=self.kernels, rope=self.rope_table)
 
     def _replay(self, inputs, tree: bool):
         """A chain's graph keeps its depth and mask from the capture: only the tokens change."""
