@@ -34,13 +34,16 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from engine_bench import LLAMA_8B  # noqa: E402  (experiments/ is on sys.path as a script)
 from specbench import provenance  # noqa: E402
 from specbench.kernels import attention, gemv  # noqa: E402
 
 # Hopper (sm_90) per SM: 64 K registers (allocated per warp in units of 256), 228 KB of shared
 # memory (1 KB of it reserved per CTA), 64 warps, 32 CTAs
 REGS, SMEM, WARPS, CTAS = 65536, 233472, 64, 32
-D, HIDDEN, HEADS, KV_HEADS, HD = 4096, 14336, 32, 8, 128  # Llama-3.1-8B
+D, HIDDEN, HEADS, KV_HEADS = (LLAMA_8B[k] for k in ("hidden_size", "intermediate_size", "num_attention_heads",
+                                                     "num_key_value_heads"))
+HD = D // HEADS
 PROJECTIONS = {  # name -> (N, K, folds)
     "wqkv": ((HEADS + 2 * KV_HEADS) * HD, D, dict(NORM=True, GLU=False, RESIDUAL=False)),
     "wo": (D, HEADS * HD, dict(NORM=False, GLU=False, RESIDUAL=True)),
@@ -99,9 +102,8 @@ def attention_rows(arch: int, S: int = 4096) -> list:
     G = HEADS // KV_HEADS
     for q in (1, 9):
         splits, block_m, block_s, tiles = attention.launch_shape(1, q, S, KV_HEADS, G, HD, 132)
-        consts = dict(QK_SCALE=HD**-0.5 * attention.LOG2E, Q=q, G=G, H=HEADS, HKV=KV_HEADS, HD=HD, SPLITS=splits,
-                      SPLITS_P2=attention._pow2(splits), CHUNK=max(1, 64 // block_m), BLOCK_M=block_m,
-                      BLOCK_S=block_s, BLOCK_Q=max(16, attention._pow2(q)), PRECISION="tf32", COMPILED=True, PDL=False)
+        consts = dict(attention.constants(q, HEADS, KV_HEADS, HD, splits, block_m, block_s, fp32=False),
+                      COMPILED=True, PDL=False)
         row = {"kernel": "attention", "q": q, "context": S, "splits": splits, "BLOCK_M": block_m, "BLOCK_S": block_s,
                "num_warps": 4, "programs": (splits + 1) * tiles * KV_HEADS}
         row.update(compile_(attention._partials, types, consts, 4, 3, arch, enable_fp_fusion=False))

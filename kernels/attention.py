@@ -433,8 +433,15 @@ def decode(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: tor
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         anc.stride(0), anc.stride(1), anc.stride(2), o.stride(0), o.stride(1), S,
-        QK_SCALE=hd**-0.5 * LOG2E, Q=q, G=G, H=heads, HKV=kv_heads, HD=hd, SPLITS=splits,
-        SPLITS_P2=_pow2(splits), CHUNK=max(1, 64 // block_m), BLOCK_M=block_m, BLOCK_S=block_s,
-        BLOCK_Q=max(16, _pow2(q)), PRECISION="ieee" if fp32 else "tf32",
+        **constants(q, heads, kv_heads, hd, splits, block_m, block_s, fp32),
         COMPILED=not INTERPRETED, PDL=bool(pdl), num_warps=num_warps, **options)
     return o
+
+
+def constants(q: int, heads: int, kv_heads: int, hd: int, splits: int, block_m: int, block_s: int,
+              fp32: bool) -> dict:
+    """_partials' compile-time arguments for a launch (`launch_shape`'s splits and blocks), but
+    COMPILED and PDL."""
+    return dict(QK_SCALE=hd**-0.5 * LOG2E, Q=q, G=heads // kv_heads, H=heads, HKV=kv_heads, HD=hd, SPLITS=splits,
+                SPLITS_P2=_pow2(splits), CHUNK=max(1, 64 // block_m), BLOCK_M=block_m, BLOCK_S=block_s,
+                BLOCK_Q=max(16, _pow2(q)), PRECISION="ieee" if fp32 else "tf32")
