@@ -96,21 +96,30 @@ def gemv_table(shape: dict, device, dtype, bandwidth: float, total: int = 1 << 3
             extra = {"wqkv": dict(norm=g), "w13": dict(norm=g, glu=True), "wo": dict(residual=r),
                      "w2": dict(residual=r)}[name]
             row = {"name": name + "_fused", "N": N, "K": K, "M": M, "MB": size / 1e6}
-            for impl, kernel in (("torch", False), ("triton", True)):
-                fn = lambda x, w: gemv.project(x, w, eps=1e-5, kernel=kernel, **extra)  # noqa: E731
-                for w in ws[:2]:
-                    fn(x, w)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph):
-                    for w in ws:
-                        fn(x, w)
-                ms = median_ms(graph.replay, device, n=5) / copies
-                row[f"{impl}_us"], row[f"{impl}_of_copy_bw"] = ms * 1e3, size / (ms / 1e3) / bandwidth
             y0 = gemv.project(x, ws[0], eps=1e-5, kernel=False, **extra).float()
-            y1 = gemv.project(x, ws[0], eps=1e-5, kernel=True, **extra).float()
-            row["max_rel_err"] = float((y0 - y1).abs().max() / y0.abs().max())
-            tuner = gemv._vector_kernel if M == 1 else gemv._rows_glu_kernel if name == "w13" else gemv._rows_kernel
-            row["triton_config"] = str(tuner.best_config)  # the autotuner's pick for the call just made
+            # triton: as project() runs it; triton_unsplit: the rows kernel without split K
+            # (SPLIT_MAX_N 0), side by side
+            for impl, kernel, split_max in (("torch", False, None), ("triton", True, None)) + (
+                    (("triton_unsplit", True, 0),) if M > 1 else ()):
+                saved = gemv.SPLIT_MAX_N
+                gemv.SPLIT_MAX_N = gemv.SPLIT_MAX_N if split_max is None else split_max
+                try:
+                    fn = lambda x, w: gemv.project(x, w, eps=1e-5, kernel=kernel, **extra)  # noqa: E731
+                    for w in ws[:2]:
+                        fn(x, w)
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph):
+                        for w in ws:
+                            fn(x, w)
+                    ms = median_ms(graph.replay, device, n=5) / copies
+                    row[f"{impl}_us"], row[f"{impl}_of_copy_bw"] = ms * 1e3, size / (ms / 1e3) / bandwidth
+                    if kernel:
+                        y1 = fn(x, ws[0]).float()
+                        row[f"{impl}_max_rel_err"] = float((y0 - y1).abs().max() / y0.abs().max())
+                        tuner = gemv.tuner(M, N // 2 if name == "w13" else N, name == "w13")
+                        row[f"{impl}_config"] = str(tuner.best_config)  # the autotuner's pick for this call
+                finally:
+                    gemv.SPLIT_MAX_N = saved
             print(row, flush=True)
             rows.append(row)
     return rows

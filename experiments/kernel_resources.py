@@ -79,10 +79,14 @@ def compile_(fn, types: dict, consts: dict, num_warps: int, num_stages: int, arc
 def gemv_rows(arch: int) -> list:
     rows = []
     pointers = {name: "*bf16" for name in ("x_ptr", "w_ptr", "y_ptr", "g_ptr", "r_ptr")}
+    pointers.update(p_ptr="*fp32", c_ptr="*i32")  # the rows kernel's split-K partials and counts
     for name, (N, K, folds) in PROJECTIONS.items():
-        kernels = [("vector", gemv._vector_kernel), ("rows", gemv._rows_glu_kernel if folds["GLU"] else gemv._rows_kernel)]
+        # the tuners project() picks at 1 and 9 rows (the rows one with its split-K tiles)
+        kernels = [("vector", gemv.tuner(1, N, folds["GLU"])), ("rows", gemv.tuner(9, N, folds["GLU"]))]
         for kind, tuner in kernels:
             for config in tuner.configs:
+                if K % (config.kwargs.get("SPLIT_K", 1) * config.kwargs["BLOCK_K"]):
+                    continue  # pruned before tuning: its slices would not tile K
                 consts = dict(K=K, PDL=False, **folds, **config.kwargs)
                 if kind == "rows":
                     consts["PRECISION"] = "tf32"
@@ -90,7 +94,7 @@ def gemv_rows(arch: int) -> list:
                        "num_warps": config.num_warps, "num_stages": config.num_stages}
                 row.update(compile_(tuner.fn, {**pointers, "eps": "fp32"}, consts, config.num_warps,
                                     config.num_stages, arch))
-                row["programs"] = -(-N // config.kwargs["BLOCK_N"])
+                row["programs"] = -(-N // config.kwargs["BLOCK_N"]) * config.kwargs.get("SPLIT_K", 1)
                 rows.append(row)
     return rows
 
@@ -130,7 +134,7 @@ def main(argv=None) -> int:
           f" {'CTAs/SM':>8s} {'programs':>9s}")
     for r in results["rows"]:
         what = r.get("projection") or f"q={r['q']}"
-        tile = (f"{r['BLOCK_N']}x{r['BLOCK_K']} w{r['num_warps']} s{r['num_stages']}" if "BLOCK_N" in r
+        tile = (f"{r['BLOCK_N']}x{r['BLOCK_K']}/{r.get('SPLIT_K', 1)} w{r['num_warps']} s{r['num_stages']}" if "BLOCK_N" in r
                 else f"splits {r['splits']} m{r['BLOCK_M']}")
         print(f"{r['kernel']:12s} {what:10s} {tile:>18s} {r['regs']:5d} {r['stack']:6d} {r['shared'] / 1024:8.1f}"
               f" {r['cp_async']:9d} {r['ctas_per_sm']:8d} {r['programs']:9d}")

@@ -21,6 +21,17 @@ sum reduced once at the end; 2 to 16 rows are padded to 16 for a tensor-core pro
 [16, BLOCK_N] fp32 sum (with glu a second one for the up half), with the norm's per-row rstd
 from a first pass over x.
 
+Split K (rows kernel, SPLIT_K > 1 in its tile configurations). Every program re-reads its
+slice of x, so a program's bytes are BLOCK_N weight rows plus M rows of x: with 9 rows and
+BLOCK_N 16 that is 1.56 times the weights through the SM. Wide tiles cut that, but leave
+the small projections with too few programs (the 8B shape's wqkv at BLOCK_N 64: 96 programs
+for 132 SMs). So the rows kernel may split K into SPLIT_K slices, each program one slice of
+a column tile: it stores its fp32 [M, BLOCK_N] partial sums, counts itself done on an int32
+per column tile, and the last of the tile's SPLIT_K programs to count adds the partials in
+slice order (the same sum whichever program is last), applies the folds and resets the
+count to zero. The counts are one buffer per device, kept (zero between launches), so that
+a launch allocates no zeroed memory: a memset would be a launch of its own.
+
 Letters: M input rows, K input width, N output width (H per half with glu).
 """
 
@@ -132,26 +143,49 @@ if triton is not None:
     # operand ("swap AB", [BLOCK_N, BLOCK_K] x [BLOCK_K, 16], four more configurations) was never
     # the autotuner's pick at 9 rows on the 8B shape's projections (results/2026-12-04-h200), and
     # is gone again.
-    _ROWS_CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=s)
+    _ROWS_CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": 1}, num_warps=w, num_stages=s)
                      for bn, bk, w, s in [(bn, bk, w, 3) for bn in (16, 32, 64) for bk in (128, 256) for w in (4, 8)]
                      + [(16, 512, 4, 3), (16, 512, 8, 3), (16, 256, 4, 4), (32, 128, 4, 4)]]
+    # Split K (module docstring): wide column tiles, K in 2 or 4 slices. Chosen where the
+    # autotuner measures them faster; at 9 rows on the 8B shape's wqkv, wo and w2 the unsplit
+    # kernel streamed at 0.58 to 0.75 of the copy bandwidth (results/2026-12-04-h200).
+    SPLITS = (2, 4)
+    _SPLIT_CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": sk}, num_warps=4, num_stages=st)
+                      for bn in (32, 64) for bk in (128, 256) for sk in SPLITS for st in (3, 4)]
 
     # Tuned per power-of-two bucket of rows (ROWS: 2, 4, 8, 16; the tiles pad to 16 anyway), not
     # per row count: a sweep over q = 1 .. 16 then tunes 4 times a projection, not 15.
     _ROWS_KEY = ["ROWS", "N", "K", "NORM", "GLU", "RESIDUAL"]
 
-    @triton.autotune(configs=_ROWS_CONFIGS, key=_ROWS_KEY)
     @triton.jit
-    def _rows_kernel(x_ptr, w_ptr, y_ptr, g_ptr, r_ptr, M, ROWS, N, K: tl.constexpr, eps, PRECISION: tl.constexpr,
-                     NORM: tl.constexpr, GLU: tl.constexpr, RESIDUAL: tl.constexpr, PDL: tl.constexpr,
-                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-        # x: [M <= 16, K], w: [N, K] (GLU: [2N, K]), y, r: [M, N], g: [K]; K % BLOCK_K == 0;
-        # ROWS: the autotuner's key only. The rows padded to 16 for one tensor-core product a
-        # tile; the folds, the first weight tile before the wait and the first step peeled as in
-        # _vector_kernel.
+    def _rows_epilogue(acc, acc_up, y_ptr, r_ptr, rm, rn, m_ok, n_ok, N, GLU: tl.constexpr,
+                       RESIDUAL: tl.constexpr):
+        # acc, acc_up: [16, BLOCK_N] fp32 sums of columns rn for rows rm -> y (the folds applied)
+        dtype = y_ptr.dtype.element_ty
+        y = acc.to(dtype).to(tl.float32)  # rounded like F.linear's output
+        if GLU:
+            up = acc_up.to(dtype).to(tl.float32)
+            y = (y * tl.sigmoid(y)).to(dtype).to(tl.float32) * up
+        mn_ok = m_ok[:, None] & n_ok[None, :]
+        if RESIDUAL:
+            r = tl.load(r_ptr + rm[:, None] * N + rn[None, :], mask=mn_ok, other=0.0)  # [16, BLOCK_N]
+            y = y.to(dtype).to(tl.float32) + r.to(tl.float32)
+        tl.store(y_ptr + rm[:, None] * N + rn[None, :], y.to(dtype), mask=mn_ok)
+
+    @triton.jit
+    def _rows_kernel_fn(x_ptr, w_ptr, y_ptr, g_ptr, r_ptr, p_ptr, c_ptr, M, ROWS, N, K: tl.constexpr, eps,
+                        PRECISION: tl.constexpr, NORM: tl.constexpr, GLU: tl.constexpr, RESIDUAL: tl.constexpr,
+                        PDL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
+        # x: [M <= 16, K], w: [N, K] (GLU: [2N, K]), y, r: [M, N], g: [K]; K % (SPLIT_K BLOCK_K)
+        # == 0; ROWS: the autotuner's key only. Grid (column tiles, SPLIT_K). With SPLIT_K > 1,
+        # p: [SPLIT_K, M, N] fp32 partials (GLU: [SPLIT_K, 2, M, N]) and c: [column tiles] int32,
+        # zero. The rows padded to 16 for one tensor-core product a tile; the folds, the first
+        # weight tile before the wait and the first step peeled as in _vector_kernel.
         pid = tl.program_id(0)
+        ks = tl.program_id(1)
+        KC: tl.constexpr = K // SPLIT_K  # this program's slice of K: [ks KC, (ks + 1) KC)
         rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]
-        rk = tl.arange(0, BLOCK_K)  # [BLOCK_K]
+        rk = ks * KC + tl.arange(0, BLOCK_K)  # [BLOCK_K]
         rm = tl.arange(0, 16)  # [16]
         n_ok, m_ok = rn < N, rm < M
         dtype = y_ptr.dtype.element_ty
@@ -162,34 +196,76 @@ if triton is not None:
         if GLU:
             up = tl.load(w_ptrs + N * K, mask=n_ok[:, None], other=0.0, eviction_policy="evict_first")
         wait_and_release(PDL)
-        # a first pass over x for each row's rstd (x is tiny: re-read from cache)
-        rstd = _rstd(x_ptr, x_off, x_ok, K, eps, BLOCK_K)[:, None] if NORM else 1.0  # [16, 1]
+        # a first pass over the whole of each row of x for its rstd (x is tiny: re-read from cache)
+        rstd = _rstd(x_ptr, rm[:, None] * K + tl.arange(0, BLOCK_K)[None, :], x_ok, K, eps, BLOCK_K)[:, None] if NORM else 1.0
         x = _x_tile(x_ptr, g_ptr, x_off, rk[None, :], x_ok, rstd, NORM, dtype)  # [16, BLOCK_K]
         acc = tl.dot(x, tl.trans(w), input_precision=PRECISION)  # [16, BLOCK_N]
         acc_up = tl.dot(x, tl.trans(up), input_precision=PRECISION) if GLU else acc
-        for k0 in range(BLOCK_K, K, BLOCK_K):
+        for k0 in range(BLOCK_K, KC, BLOCK_K):
             x = _x_tile(x_ptr + k0, g_ptr + k0, x_off, rk[None, :], x_ok, rstd, NORM, dtype)
             w = tl.load(w_ptrs + k0, mask=n_ok[:, None], other=0.0, eviction_policy="evict_first")
             acc += tl.dot(x, tl.trans(w), input_precision=PRECISION)
             if GLU:
                 up = tl.load(w_ptrs + N * K + k0, mask=n_ok[:, None], other=0.0, eviction_policy="evict_first")
                 acc_up += tl.dot(x, tl.trans(up), input_precision=PRECISION)
-        y = acc.to(dtype).to(tl.float32)  # [16, BLOCK_N], rounded like F.linear's output
-        if GLU:
-            up = acc_up.to(dtype).to(tl.float32)
-            y = (y * tl.sigmoid(y)).to(dtype).to(tl.float32) * up
-        mn_ok = m_ok[:, None] & n_ok[None, :]
-        if RESIDUAL:
-            r = tl.load(r_ptr + rm[:, None] * N + rn[None, :], mask=mn_ok, other=0.0)  # [16, BLOCK_N]
-            y = y.to(dtype).to(tl.float32) + r.to(tl.float32)
-        tl.store(y_ptr + rm[:, None] * N + rn[None, :], y.to(dtype), mask=mn_ok)
+        if SPLIT_K == 1:
+            _rows_epilogue(acc, acc_up, y_ptr, r_ptr, rm, rn, m_ok, n_ok, N, GLU, RESIDUAL)
+        else:
+            mn_ok = m_ok[:, None] & n_ok[None, :]
+            part = p_ptr + rm[:, None] * N + rn[None, :]  # [16, BLOCK_N] in slice 0, gate half
+            slice_size = M * N
+            if GLU:
+                slice_size = 2 * M * N
+            tl.store(part + ks * slice_size, acc, mask=mn_ok)
+            if GLU:
+                tl.store(part + ks * slice_size + M * N, acc_up, mask=mn_ok)
+            # As the attention kernel's merge: the barrier puts every thread's stores before the
+            # count's release; the last program's loads bypass L1 (other programs wrote them).
+            tl.debug_barrier()
+            if tl.atomic_add(c_ptr + pid, 1, sem="acq_rel") == SPLIT_K - 1:
+                tl.atomic_xchg(c_ptr + pid, 0)
+                acc = tl.zeros((16, BLOCK_N), tl.float32)
+                acc_up = acc
+                for s in tl.static_range(SPLIT_K):  # in slice order, whichever program is last
+                    acc += tl.load(part + s * slice_size, mask=mn_ok, other=0.0, cache_modifier=".cg")
+                    if GLU:
+                        acc_up += tl.load(part + s * slice_size + M * N, mask=mn_ok, other=0.0, cache_modifier=".cg")
+                _rows_epilogue(acc, acc_up, y_ptr, r_ptr, rm, rn, m_ok, n_ok, N, GLU, RESIDUAL)
 
-    # The same kernel for glu, its tiles stopping at BLOCK_N 32: a program reads BLOCK_N rows of
-    # each half (64 would stream 128 weight rows a tile, twice the plain kernel's most, and fill
-    # twice its shared memory over 3 stages) and keeps two [16, BLOCK_N] fp32 sums. A second
-    # autotuner rather than prune_configs_by: torch.compile traces no pruning function then.
-    _rows_glu_kernel = triton.autotune(configs=[c for c in _ROWS_CONFIGS if c.kwargs["BLOCK_N"] <= 32],
-                                       key=_ROWS_KEY)(_rows_kernel.fn)
+    def _split_fits(configs, named_args, **kwargs):
+        # split configurations whose slices tile K (K % (SPLIT_K BLOCK_K) == 0)
+        K = named_args["K"] if "K" in named_args else kwargs["K"]
+        return [c for c in configs if K % (c.kwargs["SPLIT_K"] * c.kwargs["BLOCK_K"]) == 0]
+
+    # Four autotuners over the one kernel. glu's tiles stop at BLOCK_N 32: a program reads BLOCK_N
+    # rows of each half (64 would stream 128 weight rows a tile, twice the plain kernel's most, and
+    # fill twice its shared memory over 3 stages) and keeps two [16, BLOCK_N] fp32 sums. The split
+    # ones run outside torch.compile only: it traces no pruning function, and the kept counts
+    # are a global it should not capture. So under torch.compile the unsplit ones.
+    _glu = lambda configs: [c for c in configs if c.kwargs["BLOCK_N"] <= 32]  # noqa: E731
+    _rows_kernel = triton.autotune(configs=_ROWS_CONFIGS, key=_ROWS_KEY)(_rows_kernel_fn)
+    _rows_glu_kernel = triton.autotune(configs=_glu(_ROWS_CONFIGS), key=_ROWS_KEY)(_rows_kernel_fn)
+    _rows_split_kernel = triton.autotune(configs=_ROWS_CONFIGS + _SPLIT_CONFIGS, key=_ROWS_KEY,
+                                         prune_configs_by={"early_config_prune": _split_fits})(_rows_kernel_fn)
+    _rows_split_glu_kernel = triton.autotune(configs=_glu(_ROWS_CONFIGS + _SPLIT_CONFIGS), key=_ROWS_KEY,
+                                             prune_configs_by={"early_config_prune": _split_fits})(_rows_kernel_fn)
+
+_COUNTS: dict = {}  # device index -> int32 [n] split-K counts, zero between launches
+# Split K is tried for outputs up to this wide (the 8B shape's wqkv, wo, w2 and each half of
+# w13), not for an LM head: 128256 columns fill the GPU unsplit (1.0 of the copy bandwidth at 9
+# rows, results/2026-12-04-h200), and its partials would take 4 x 4 x M x N bytes a call.
+SPLIT_MAX_N = 16384
+
+
+def split_counts(device: torch.device, n: int) -> torch.Tensor:
+    """The split-K counts for n column tiles on `device`: one zeroed buffer per device, grown
+    (a new one; the old ones stay alive for CUDA graphs captured over them) when n outgrows it.
+    Every launch leaves its counts zero, and launches on one stream never overlap."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    kept = _COUNTS.setdefault(index, [])
+    if not kept or kept[-1].numel() < n:
+        kept.append(torch.zeros(max(n, 4096), dtype=torch.int32, device=device))
+    return kept[-1]
 
 
 def supported(x: torch.Tensor, w: torch.Tensor) -> bool:
@@ -219,13 +295,31 @@ def project(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor] = None, 
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
     r = residual.reshape(M, N).contiguous() if residual is not None else y  # y: a pointer left unread
     g = norm if norm is not None else x2
-    grid = lambda meta: (triton.cdiv(N, meta["BLOCK_N"]),)  # noqa: E731
+    grid = lambda meta: (triton.cdiv(N, meta["BLOCK_N"]), meta.get("SPLIT_K", 1))  # noqa: E731
     pdl = launch_options(x.device, M)
     folds = dict(NORM=norm is not None, GLU=glu, RESIDUAL=residual is not None, PDL=bool(pdl), **pdl)
     if M == 1:
         _vector_kernel[grid](x2, w, y, g, r, N, K, eps, **folds)
-    else:  # fp32: full-precision products, not tl.dot's default TF32
-        precision = "ieee" if x.dtype == torch.float32 else "tf32"
-        rows = 1 << (M - 1).bit_length()  # the bucket: 2, 4, 8 or 16
-        (_rows_glu_kernel if glu else _rows_kernel)[grid](x2, w, y, g, r, M, rows, N, K, eps, precision, **folds)
+        return y.view(*lead, N)
+    # fp32: full-precision products, not tl.dot's default TF32
+    precision = "ieee" if x.dtype == torch.float32 else "tf32"
+    rows = 1 << (M - 1).bit_length()  # the bucket: 2, 4, 8 or 16
+    kernel = tuner(M, N, glu)
+    if kernel in (_rows_split_kernel, _rows_split_glu_kernel):
+        parts = torch.empty(max(SPLITS) * (2 if glu else 1) * M * N, dtype=torch.float32, device=x.device)
+        counts = split_counts(x.device, triton.cdiv(N, 16))  # the narrowest tile's count of column tiles
+    else:  # pointers left unread
+        parts = counts = y
+    kernel[grid](x2, w, y, g, r, parts, counts, M, rows, N, K, eps, precision, **folds)
     return y.view(*lead, N)
+
+
+def tuner(M: int, N: int, glu: bool):
+    """The autotuned kernel `project` launches for M rows and N outputs (glu: N per half):
+    the one-row kernel, or the rows kernel's tuner with split K (outside torch.compile, N up to
+    SPLIT_MAX_N) or without."""
+    if M == 1:
+        return _vector_kernel
+    if torch.compiler.is_compiling() or N > SPLIT_MAX_N:
+        return _rows_glu_kernel if glu else _rows_kernel
+    return _rows_split_glu_kernel if glu else _rows_split_kernel

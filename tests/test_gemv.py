@@ -37,8 +37,9 @@ def _case(fold: str, M: int, K: int = 512, N: int = 40, seed: int = 0):
     return x.to(DEVICE), w.to(DEVICE), {k: v.to(DEVICE) if torch.is_tensor(v) else v for k, v in kw.items()}
 
 
-def _launch(x, w, kw):
-    """The kernels at fixed tiles (the interpreter has no autotuner); y as project() returns it."""
+def _launch(x, w, kw, split_k: int = 1, counts=None):
+    """The kernels at fixed tiles (the interpreter has no autotuner); y as project() returns it.
+    split_k > 1: the rows kernel with K in that many slices, over `counts` (zeros if None)."""
     M, K = x.shape
     N = w.shape[0] // 2 if kw.get("glu") else w.shape[0]
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
@@ -48,8 +49,11 @@ def _launch(x, w, kw):
         gemv._vector_kernel.fn[(triton.cdiv(N, 8),)](
             x, w, y, kw.get("norm", x), r, N, K, 1e-5, **folds, PDL=False, BLOCK_N=8, BLOCK_K=256)
     else:
-        gemv._rows_kernel.fn[(triton.cdiv(N, 16),)](
-            x, w, y, kw.get("norm", x), r, M, 16, N, K, 1e-5, "ieee", **folds, PDL=False, BLOCK_N=16, BLOCK_K=128)
+        parts = torch.full((split_k * 2 * M * N,), float("nan"), device=x.device)  # each slot written before read
+        counts = torch.zeros(triton.cdiv(N, 16), dtype=torch.int32, device=x.device) if counts is None else counts
+        gemv._rows_kernel.fn[(triton.cdiv(N, 16), split_k)](
+            x, w, y, kw.get("norm", x), r, parts, counts, M, 16, N, K, 1e-5, "ieee", **folds, PDL=False,
+            BLOCK_N=16, BLOCK_K=128, SPLIT_K=split_k)
     return y
 
 
@@ -67,6 +71,32 @@ def test_few_rows_kernel_matches_the_torch_composition(fold, M):
     expected = gemv.reference(x, w, eps=1e-5, **kw)
     tol = 5e-3 if CUDA else 1e-5  # see the module docstring
     torch.testing.assert_close(_launch(x, w, kw), expected, rtol=tol, atol=tol * expected.abs().max().item())
+
+
+@pytest.mark.parametrize("fold", list(FOLDS))
+@pytest.mark.parametrize("split_k", [2, 4])
+def test_split_k_matches_the_unsplit_kernel_and_leaves_its_counts_zero(fold, split_k):
+    """K = 512 in 2 or 4 slices of 256 or 128 (the tile's BLOCK_K is 128, so each slice takes 1
+    to 2 steps): the last program of each column tile adds the slices' partials in order and
+    applies the folds. Against the torch composition (fp32: relative 1e-5; a slice left out or
+    counted twice moves outputs by about a quarter), and twice over the same counts, which each
+    launch must leave zero for the next (3 column tiles of 16 for N = 40, the last one ragged)."""
+    x, w, kw = _case(fold, M=9)
+    expected = gemv.reference(x, w, eps=1e-5, **kw)
+    counts = torch.zeros(triton.cdiv(40, 16), dtype=torch.int32, device=x.device)
+    for _ in range(2):
+        got = _launch(x, w, kw, split_k=split_k, counts=counts)
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
+        assert counts.eq(0).all()
+
+
+def test_split_k_rounds_where_the_torch_composition_rounds():
+    """fp16, norm + glu, 4 slices: the folds applied once, to the whole sum (as the unsplit
+    kernel's rounding test checks)."""
+    x, w, kw = _case("glu", M=9, N=256)
+    x, w, kw["norm"] = x.half(), w.half(), kw["norm"].half()
+    got, expected = _launch(x, w, kw, split_k=4), gemv.reference(x, w, eps=1e-5, **kw)
+    assert (got != expected).float().mean().item() < 0.01
 
 
 @pytest.mark.parametrize("fold", list(FOLDS))
