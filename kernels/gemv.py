@@ -149,9 +149,11 @@ if triton is not None:
     # Split K (module docstring): wide column tiles, K in 2 or 4 slices. Chosen where the
     # autotuner measures them faster; at 9 rows on the 8B shape's wqkv, wo and w2 the unsplit
     # kernel streamed at 0.58 to 0.75 of the copy bandwidth (results/2026-12-04-h200).
+    # Six tiles, not the 16 of BLOCK_N x BLOCK_K x SPLIT_K x stages: tuning each projection at
+    # each bucket of rows took most of a 10-minute device call on a fresh machine with 16.
     SPLITS = (2, 4)
-    _SPLIT_CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": sk}, num_warps=4, num_stages=st)
-                      for bn in (32, 64) for bk in (128, 256) for sk in SPLITS for st in (3, 4)]
+    _SPLIT_CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": sk}, num_warps=4, num_stages=3)
+                      for bn in (32, 64) for bk, sk in ((128, 2), (128, 4), (256, 2))]
 
     # Tuned per power-of-two bucket of rows (ROWS: 2, 4, 8, 16; the tiles pad to 16 anyway), not
     # per row count: a sweep over q = 1 .. 16 then tunes 4 times a projection, not 15.
