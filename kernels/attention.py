@@ -28,13 +28,9 @@ cache. The new entries are never read back from the cache, and prefix programs r
 below the length, so the write races with no read. Each program keeps an online-softmax state
 (running max, sum, acc [BLOCK_M, hd]) in fp32 and stores it as a partial, then counts itself
 done on an int32 of its (row, kv head, row tile); the program that counts last merges the
-tile's partials into o, in o's [B, q, H hd] layout, and zeroes the count. Until 2026-12-04 a
-second kernel (`_combine`) merged, one split at a time: in a 9-position verify forward at context
-512 on an H200 it took 7.8 us a layer, more than the 5.3 us of the attention itself
-(results/2026-12-03-h200-night). Moved into this kernel unchanged, the one kernel took 13.3 us
-(results/2026-12-04-h200): the cost was the walk's serial round trips to L2, not the launch. So
-`_merge` loads all splits' maxima and sums at once and the accumulators a few splits a load
-(not yet measured on a GPU).
+tile's partials into o, in o's [B, q, H hd] layout, and zeroes the count. A second kernel
+(`_combine`) merged until 2026-12-04: on an H200 it took 7.8 us a layer in a 9-position verify
+forward at context 512 (results/2026-12-03-h200-night), more than the attention itself.
 
 Rounding as in torch: RoPE rounds x cos, rot sin and their sum to the dtype, so the cache gets
 the reference's bits (compiled without FMA contraction for the same reason, and for bf16 the
@@ -200,9 +196,8 @@ if triton is not None:
                   cnt_ptr, o_ptr, s_qb, s_qi, s_cb, s_ci, s_kb, s_kh, s_ks, s_vb, s_vh, s_vs, s_ab, s_ai,
                   s_aj, s_ob, s_oi, S, QK_SCALE: tl.constexpr,
                   Q: tl.constexpr, G: tl.constexpr, H: tl.constexpr, HKV: tl.constexpr, HD: tl.constexpr,
-                  SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr, CHUNK: tl.constexpr, BLOCK_M: tl.constexpr,
-                  BLOCK_S: tl.constexpr, BLOCK_Q: tl.constexpr, PRECISION: tl.constexpr, COMPILED: tl.constexpr,
-                  PDL: tl.constexpr):
+                  SPLITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_Q: tl.constexpr,
+                  PRECISION: tl.constexpr, COMPILED: tl.constexpr, PDL: tl.constexpr):
         # qkv: [B, Q, (H + 2 HKV) HD]; cos, sin: [B, Q, 1, HD]; k, v: [B, HKV, S, HD] (last dims
         # contiguous); len: [B] int64; anc: [B, Q, Q] int8; m, l: [B HKV, SPLITS + 1, M] fp32;
         # acc: [B HKV, SPLITS + 1, M, HD] fp32; cnt: [B HKV tiles] int32, zero; o: [B, Q, H HD].
@@ -284,55 +279,50 @@ if triton is not None:
             tl.atomic_xchg(count, 0)
             _merge(m_ptr, l_ptr, acc_ptr, o_ptr, (bh * (SPLITS + 1)).to(tl.int64) * M + r, r_ok,
                    length, b * s_ob + i[:, None] * s_oi + head[:, None] * HD + rd[None, :],
-                   M, HD, SPLITS, SPLITS_P2, CHUNK, BLOCK_S, COMPILED)
+                   M, HD, SPLITS, BLOCK_S, COMPILED)
+
+    @triton.jit
+    def _fold(m_ptr, l_ptr, acc_ptr, part, r_ok, top, den, num, HD: tl.constexpr):
+        # Adds the partial at rows `part` [BLOCK_M], weighted by 2^(m - top), to den, num.
+        rd = tl.arange(0, HD)
+        w = tl.exp2(tl.load(m_ptr + part, mask=r_ok, other=float("-inf"), cache_modifier=".cg") - top)
+        den += w * tl.load(l_ptr + part, mask=r_ok, other=0.0, cache_modifier=".cg")
+        num += w[:, None] * tl.load(acc_ptr + part[:, None] * HD + rd[None, :], mask=r_ok[:, None], other=0.0,
+                                    cache_modifier=".cg")
+        return den, num
 
     @triton.jit
     def _merge(m_ptr, l_ptr, acc_ptr, o_ptr, row0, r_ok, length, o_off, M: tl.constexpr, HD: tl.constexpr,
-               SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr, CHUNK: tl.constexpr, BLOCK_S: tl.constexpr,
-               COMPILED: tl.constexpr):
+               SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, COMPILED: tl.constexpr):
         # Merges the partials of query rows row0 [BLOCK_M] (split 0's partial rows; r_ok: real
         # rows) into o at offsets o_off [BLOCK_M, HD]: the new entries' partial and the prefix
-        # splits that ran (those with lo < length). Latency first: the maxima and sums of every
-        # split in one load [SPLITS_P2, BLOCK_M], then the accumulators CHUNK splits a load
-        # ([CHUNK, BLOCK_M, HD]), where a split at a time was a round trip to L2 each (18 at one
-        # token and context 512, about 8 us). Loads bypass L1: other programs wrote the partials.
+        # splits that ran (those with lo < length).
         per = tl.cdiv(tl.cdiv(length, BLOCK_S), SPLITS) * BLOCK_S
         ran = tl.cdiv(length, tl.maximum(per, 1))  # prefix splits with work: 0 when length is 0
-        rd = tl.arange(0, HD)
-        new = row0 + SPLITS * M  # [BLOCK_M]
-        rs = tl.arange(0, SPLITS_P2)
-        parts = row0[None, :] + rs[:, None] * M  # [SPLITS_P2, BLOCK_M]
-        ok = (rs < ran)[:, None] & r_ok[None, :]
-        m = tl.load(m_ptr + parts, mask=ok, other=float("-inf"), cache_modifier=".cg")
-        m_new = tl.load(m_ptr + new, mask=r_ok, other=float("-inf"), cache_modifier=".cg")
-        top = tl.maximum(tl.max(m, 0), m_new)
-        top = tl.where(top == float("-inf"), 0.0, top)  # a row that sees nothing: all weights 0
-        w_new = tl.exp2(m_new - top)
-        den = w_new * tl.load(l_ptr + new, mask=r_ok, other=0.0, cache_modifier=".cg")
-        den += tl.sum(tl.exp2(m - top[None, :]) * tl.load(l_ptr + parts, mask=ok, other=0.0, cache_modifier=".cg"), 0)
-        num = w_new[:, None] * tl.load(acc_ptr + new[:, None] * HD + rd[None, :], mask=r_ok[:, None], other=0.0,
-                                       cache_modifier=".cg")  # [BLOCK_M, HD]
+        new = row0 + SPLITS * M
+        top = tl.load(m_ptr + new, mask=r_ok, other=float("-inf"), cache_modifier=".cg")
         if COMPILED:
-            for c0 in range(0, ran, CHUNK):
-                num += _chunk(m_ptr, acc_ptr, row0, r_ok, top, c0, ran, M, HD, CHUNK)
+            for s in range(0, ran):
+                top = tl.maximum(top, tl.load(m_ptr + row0 + s * M, mask=r_ok, other=float("-inf"),
+                                              cache_modifier=".cg"))
         else:  # the interpreter's range() takes no tensor bounds
-            c0 = 0
-            while c0 < ran:
-                num += _chunk(m_ptr, acc_ptr, row0, r_ok, top, c0, ran, M, HD, CHUNK)
-                c0 += CHUNK
+            s = 0
+            while s < ran:
+                top = tl.maximum(top, tl.load(m_ptr + row0 + s * M, mask=r_ok, other=float("-inf")))
+                s += 1
+        top = tl.where(top == float("-inf"), 0.0, top)  # a row that sees nothing: all weights 0
+        den, num = _fold(m_ptr, l_ptr, acc_ptr, new, r_ok, top, tl.zeros(top.shape, tl.float32),
+                         tl.zeros((top.shape[0], HD), tl.float32), HD)
+        if COMPILED:
+            for s in range(0, ran):
+                den, num = _fold(m_ptr, l_ptr, acc_ptr, row0 + s * M, r_ok, top, den, num, HD)
+        else:
+            s = 0
+            while s < ran:
+                den, num = _fold(m_ptr, l_ptr, acc_ptr, row0 + s * M, r_ok, top, den, num, HD)
+                s += 1
         o = num / tl.where(den > 0, den, 1.0)[:, None]  # [BLOCK_M, HD]
         tl.store(o_ptr + o_off, o.to(o_ptr.dtype.element_ty), mask=r_ok[:, None])
-
-    @triton.jit
-    def _chunk(m_ptr, acc_ptr, row0, r_ok, top, c0, ran, M: tl.constexpr, HD: tl.constexpr, CHUNK: tl.constexpr):
-        # sum over splits c0 .. c0 + CHUNK - 1 (below ran) of 2^(m - top) acc -> [BLOCK_M, HD]
-        rs = c0 + tl.arange(0, CHUNK)
-        parts = row0[None, :] + rs[:, None] * M  # [CHUNK, BLOCK_M]
-        ok = (rs < ran)[:, None] & r_ok[None, :]
-        w = tl.exp2(tl.load(m_ptr + parts, mask=ok, other=float("-inf"), cache_modifier=".cg") - top[None, :])
-        acc = tl.load(acc_ptr + parts[:, :, None] * HD + tl.arange(0, HD)[None, None, :], mask=ok[:, :, None],
-                      other=0.0, cache_modifier=".cg")  # [CHUNK, BLOCK_M, HD]
-        return tl.sum(w[:, :, None] * acc, 0)
 
     INTERPRETED = not isinstance(_partials, triton.runtime.JITFunction)  # TRITON_INTERPRET=1 at import
 else:
@@ -443,5 +433,5 @@ def constants(q: int, heads: int, kv_heads: int, hd: int, splits: int, block_m: 
     """_partials' compile-time arguments for a launch (`launch_shape`'s splits and blocks), but
     COMPILED and PDL."""
     return dict(QK_SCALE=hd**-0.5 * LOG2E, Q=q, G=heads // kv_heads, H=heads, HKV=kv_heads, HD=hd, SPLITS=splits,
-                SPLITS_P2=_pow2(splits), CHUNK=max(1, 64 // block_m), BLOCK_M=block_m, BLOCK_S=block_s,
+                BLOCK_M=block_m, BLOCK_S=block_s,
                 BLOCK_Q=max(16, _pow2(q)), PRECISION="ieee" if fp32 else "tf32")

@@ -134,8 +134,7 @@ def test_reference_spelled_out(dtype):
 # --- the kernel against the reference -----------------------------------------------------------
 
 # (B, q, G, Hkv, hd, S, lengths, tree, overrides): lengths take in 0 and lengths + q == S; no S is
-# a multiple of a block; the overrides force one split, several, and several row tiles, and more
-# splits with work than the merge loads at once (4 for 16-row tiles).
+# a multiple of a block; the overrides force one split, several, and several row tiles.
 CASES = {
     "decode-one": (1, 1, 1, 2, 16, 37, [20], False, {}),
     "chain-splits": (3, 4, 4, 2, 32, 50, [0, 17, 46], False, {"splits": 3, "block_s": 16}),
@@ -144,7 +143,7 @@ CASES = {
     "tree-heuristic": (3, 4, 4, 1, 16, 100, [96, 0, 70], True, {}),
     "chain-more-splits-than-blocks-used": (3, 9, 1, 1, 16, 60, [2, 51, 30], False, {"splits": 4, "block_s": 16}),
     "tree-wide": (1, 33, 8, 1, 16, 90, [57], True, {}),  # 264 query rows: 5 tiles of 64, BLOCK_Q 64
-    "decode-merge-chunks": (2, 1, 4, 2, 16, 140, [130, 40], False, {"splits": 7, "block_s": 16}),  # 5 and 3 splits ran
+    "decode-merge-splits": (2, 1, 4, 2, 16, 140, [130, 40], False, {"splits": 7, "block_s": 16}),  # 5 and 3 splits ran
 }
 
 
