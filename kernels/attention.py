@@ -31,6 +31,10 @@ done on an int32 of its (row, kv head, row tile); the program that counts last m
 tile's partials into o, in o's [B, q, H hd] layout, and zeroes the count. A second kernel
 (`_combine`) merged until 2026-12-04: on an H200 it took 7.8 us a layer in a 9-position verify
 forward at context 512 (results/2026-12-03-h200-night), more than the attention itself.
+The merge walks the splits one at a time. A merge that loaded every split's maxima at once and
+the accumulators four splits a load ([4, 16, hd] fp32) was tried and measured slower on an H200
+(results/2026-12-04-h200-afternoon): at one token and context 512, 16.5 us a layer against 8.9,
+and a decode step 4.45 ms against 4.21; at 9 positions even (13.0 against 13.3 us).
 
 Rounding as in torch: RoPE rounds x cos, rot sin and their sum to the dtype, so the cache gets
 the reference's bits (compiled without FMA contraction for the same reason, and for bf16 the

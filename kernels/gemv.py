@@ -148,7 +148,10 @@ if triton is not None:
                      + [(16, 512, 4, 3), (16, 512, 8, 3), (16, 256, 4, 4), (32, 128, 4, 4)]]
     # Split K (module docstring): wide column tiles, K in 2 or 4 slices. Chosen where the
     # autotuner measures them faster; at 9 rows on the 8B shape's wqkv, wo and w2 the unsplit
-    # kernel streamed at 0.58 to 0.75 of the copy bandwidth (results/2026-12-04-h200).
+    # kernel streamed at 0.58 to 0.75 of the copy bandwidth (results/2026-12-04-h200). On an
+    # H200 (results/2026-12-04-h200-afternoon): wo + residual 12.9 us split (64 x 128, 4 slices)
+    # against 15.0 unsplit; wqkv + norm even (each slice still makes the rstd's pass over x); a
+    # 9-position verify forward 4.85 ms against 5.04.
     # Six tiles, not the 16 of BLOCK_N x BLOCK_K x SPLIT_K x stages: tuning each projection at
     # each bucket of rows took most of a 10-minute device call on a fresh machine with 16.
     SPLITS = (2, 4)

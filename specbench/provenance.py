@@ -25,7 +25,9 @@ def device_name(device: torch.device) -> str:
 
 def git_sha() -> str | None:
     """HEAD of the specbench checkout, with "-dirty" when tracked files have uncommitted changes.
-    A copy without .git (a GPU host gets the working tree only) passes it in SPECBENCH_GIT_SHA."""
+    A copy whose .git is missing or stale passes it in SPECBENCH_GIT_SHA: the device tool's GPU
+    host kept the .git of the session's first commit and showed later commits as uncommitted
+    changes ("9305401...-dirty" in results/2026-12-04-h200-afternoon)."""
     if os.environ.get("SPECBENCH_GIT_SHA"):
         return os.environ["SPECBENCH_GIT_SHA"]
 
