@@ -201,8 +201,12 @@ if triton is not None:
         if GLU:
             up = tl.load(w_ptrs + N * K, mask=n_ok[:, None], other=0.0, eviction_policy="evict_first")
         wait_and_release(PDL)
-        # a first pass over the whole of each row of x for its rstd (x is tiny: re-read from cache)
-        rstd = _rstd(x_ptr, rm[:, None] * K + tl.arange(0, BLOCK_K)[None, :], x_ok, K, eps, BLOCK_K)[:, None] if NORM else 1.0
+        # a first pass over the whole of each row of x for its rstd (x is tiny: re-read from
+        # cache), every slice included: the norm rounds h = x rstd before the product
+        if NORM:
+            rstd = _rstd(x_ptr, rm[:, None] * K + tl.arange(0, BLOCK_K)[None, :], x_ok, K, eps, BLOCK_K)[:, None]
+        else:
+            rstd = 1.0
         x = _x_tile(x_ptr, g_ptr, x_off, rk[None, :], x_ok, rstd, NORM, dtype)  # [16, BLOCK_K]
         acc = tl.dot(x, tl.trans(w), input_precision=PRECISION)  # [16, BLOCK_N]
         acc_up = tl.dot(x, tl.trans(up), input_precision=PRECISION) if GLU else acc
