@@ -97,13 +97,11 @@ def gemv_table(shape: dict, device, dtype, bandwidth: float, total: int = 1 << 3
                      "w2": dict(residual=r)}[name]
             row = {"name": name + "_fused", "N": N, "K": K, "M": M, "MB": size / 1e6}
             y0 = gemv.project(x, ws[0], eps=1e-5, kernel=False, **extra).float()
-            # triton: as project() runs it; triton_unsplit: the rows kernel without split K
-            # (SPLIT_MAX_N 0), side by side
-            for impl, kernel, split_max in (("torch", False, None), ("triton", True, None)) + (
-                    (("triton_unsplit", True, 0),) if M > 1 else ()):
-                saved = gemv.SPLIT_MAX_N
-                gemv.SPLIT_MAX_N = gemv.SPLIT_MAX_N if split_max is None else split_max
-                try:
+            # triton: as project() runs it; triton_unsplit: the rows kernel without split K,
+            # side by side
+            for impl, kernel, split in (("torch", False, True), ("triton", True, True)) + (
+                    (("triton_unsplit", True, False),) if M > 1 else ()):
+                with gemv.split_k(split):
                     fn = lambda x, w: gemv.project(x, w, eps=1e-5, kernel=kernel, **extra)  # noqa: E731
                     for w in ws[:2]:
                         fn(x, w)
@@ -118,8 +116,6 @@ def gemv_table(shape: dict, device, dtype, bandwidth: float, total: int = 1 << 3
                         row[f"{impl}_max_rel_err"] = float((y0 - y1).abs().max() / y0.abs().max())
                         tuner = gemv.tuner(M, N // 2 if name == "w13" else N, name == "w13")
                         row[f"{impl}_config"] = str(tuner.best_config)  # the autotuner's pick for this call
-                finally:
-                    gemv.SPLIT_MAX_N = saved
             print(row, flush=True)
             rows.append(row)
     return rows

@@ -7,7 +7,7 @@ Nsight Compute (issue 6, a and b: why the rows kernel at 9 rows streams below th
 
 Each projection with the folds the layer gives it (wqkv + norm, wo + residual, w13 + norm +
 SwiGLU, w2 + residual) at 1 row, at 9 rows as `project` runs it (split K where the autotuner
-picks it) and at 9 rows unsplit (SPLIT_MAX_N 0). Tuning and warm-up run before the range, so
+picks it) and at 9 rows unsplit (`gemv.split_k(False)`). Tuning and warm-up run before the range, so
 the profiled launches are these 12 alone, in this order; the script prints each launch's
 config. Random bf16 weights; needs CUDA.
 """
@@ -33,35 +33,27 @@ def cases(device, dtype):
                                 ("w13", (2 * H, D), "glu"), ("w2", (D, H), "residual")):
         w = torch.randn(N, K, device=device, dtype=dtype) / K**0.5
         out = N // 2 if folds == "glu" else N
-        for M, split_max in ((1, None), (9, None), (9, 0)):
+        for M, split in ((1, True), (9, True), (9, False)):
             x = torch.randn(M, K, device=device, dtype=dtype)
             kw = {"residual": torch.randn(M, out, device=device, dtype=dtype)} if folds == "residual" else {
                 "norm": torch.randn(K, device=device, dtype=dtype), "glu": folds == "glu"}
-            yield f"{name} M={M}" + (" unsplit" if split_max == 0 else ""), x, w, kw, split_max, out
+            yield f"{name} M={M}" + ("" if split else " unsplit"), x, w, kw, split, out
 
 
 def main() -> int:
     device, dtype = torch.device("cuda"), torch.bfloat16
     calls = []
-    for label, x, w, kw, split_max, out in cases(device, dtype):
-        saved = gemv.SPLIT_MAX_N
-        gemv.SPLIT_MAX_N = saved if split_max is None else split_max
-        try:
+    for label, x, w, kw, split, out in cases(device, dtype):
+        with gemv.split_k(split):
             for _ in range(3):  # tunes, then warms up
                 gemv.project(x, w, eps=1e-5, **kw)
             config = str(gemv.tuner(x.shape[0], out, kw.get("glu", False)).best_config)
-        finally:
-            gemv.SPLIT_MAX_N = saved
-        calls.append((label, x, w, kw, split_max, config))
+        calls.append((label, x, w, kw, split, config))
     torch.cuda.synchronize()
     torch.cuda.profiler.start()
-    for label, x, w, kw, split_max, _ in calls:
-        saved = gemv.SPLIT_MAX_N
-        gemv.SPLIT_MAX_N = saved if split_max is None else split_max
-        try:
+    for label, x, w, kw, split, _ in calls:
+        with gemv.split_k(split):
             gemv.project(x, w, eps=1e-5, **kw)
-        finally:
-            gemv.SPLIT_MAX_N = saved
     torch.cuda.synchronize()
     torch.cuda.profiler.stop()
     for i, (label, *_, config) in enumerate(calls):

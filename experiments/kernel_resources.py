@@ -84,9 +84,7 @@ def gemv_rows(arch: int) -> list:
         # the tuners project() picks at 1 and 9 rows (the rows one with its split-K tiles)
         kernels = [("vector", gemv.tuner(1, N, folds["GLU"])), ("rows", gemv.tuner(9, N, folds["GLU"]))]
         for kind, tuner in kernels:
-            for config in tuner.configs:
-                if K % (config.kwargs.get("SPLIT_K", 1) * config.kwargs["BLOCK_K"]):
-                    continue  # pruned before tuning: its slices would not tile K
+            for config in gemv._split_fits(tuner.configs, {"K": K}):  # as the autotuner prunes them
                 consts = dict(K=K, PDL=False, **folds, **config.kwargs)
                 if kind == "rows":
                     consts["PRECISION"] = "tf32"

@@ -37,6 +37,7 @@ Letters: M input rows, K input width, N output width (H per half with glu).
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from typing import Optional
 
 import torch
@@ -242,9 +243,9 @@ if triton is not None:
                 _rows_epilogue(acc, acc_up, y_ptr, r_ptr, rm, rn, m_ok, n_ok, N, GLU, RESIDUAL)
 
     def _split_fits(configs, named_args, **kwargs):
-        # split configurations whose slices tile K (K % (SPLIT_K BLOCK_K) == 0)
+        # the configurations whose slices tile K (K % (SPLIT_K BLOCK_K) == 0; none split: all)
         K = named_args["K"] if "K" in named_args else kwargs["K"]
-        return [c for c in configs if K % (c.kwargs["SPLIT_K"] * c.kwargs["BLOCK_K"]) == 0]
+        return [c for c in configs if K % (c.kwargs.get("SPLIT_K", 1) * c.kwargs["BLOCK_K"]) == 0]
 
     # Four autotuners over the one kernel. glu's tiles stop at BLOCK_N 32: a program reads BLOCK_N
     # rows of each half (64 would stream 128 weight rows a tile, twice the plain kernel's most, and
@@ -264,6 +265,20 @@ _COUNTS: dict = {}  # device index -> int32 [n] split-K counts, zero between lau
 # w13), not for an LM head: 128256 columns fill the GPU unsplit (1.0 of the copy bandwidth at 9
 # rows, results/2026-12-04-h200), and its partials would take 4 x 4 x M x N bytes a call.
 SPLIT_MAX_N = 16384
+
+
+@contextmanager
+def split_k(on: bool):
+    """Split K allowed (SPLIT_MAX_N as it is) or not (0) inside the block, as it was after it:
+    for benchmarks that time the rows kernel both ways (a CUDA graph keeps what held at its
+    capture)."""
+    global SPLIT_MAX_N
+    saved = SPLIT_MAX_N
+    SPLIT_MAX_N = saved if on else 0
+    try:
+        yield
+    finally:
+        SPLIT_MAX_N = saved
 
 
 def split_counts(device: torch.device, n: int) -> torch.Tensor:

@@ -92,6 +92,20 @@ def test_split_k_matches_the_unsplit_kernel_and_leaves_its_counts_zero(fold, spl
         assert counts.eq(0).all()
 
 
+def test_split_k_off_picks_the_unsplit_tuner_and_restores():
+    """gemv.split_k(False), as the benchmarks time both ways: the rows kernel's unsplit tuner
+    inside the block, the split one again after it; an LM head's width (N > SPLIT_MAX_N) and a
+    single row never split."""
+    assert gemv.tuner(9, 4096, False) is gemv._rows_split_kernel
+    assert gemv.tuner(9, 14336, True) is gemv._rows_split_glu_kernel
+    with gemv.split_k(False):
+        assert gemv.tuner(9, 4096, False) is gemv._rows_kernel
+        assert gemv.tuner(9, 14336, True) is gemv._rows_glu_kernel
+    assert gemv.tuner(9, 4096, False) is gemv._rows_split_kernel
+    assert gemv.tuner(9, 128256, False) is gemv._rows_kernel
+    assert gemv.tuner(1, 4096, False) is gemv._vector_kernel
+
+
 def test_split_k_rounds_where_the_torch_composition_rounds():
     """fp16, norm + glu, 4 slices: the folds applied once, to the whole sum (as the unsplit
     kernel's rounding test checks)."""
