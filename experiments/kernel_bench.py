@@ -1,7 +1,7 @@
 """Issue 7: the Triton verification and n-gram kernels against the memory-bandwidth floor and
 against their torch references.
 
-    python experiments/kernel_bench.py OUT [--kernels chain,tree,ngram,tune,attention] [--tiny]
+    python experiments/kernel_bench.py OUT [--kernels chain,tree,ngram,tune,attention,attention_tune] [--tiny]
 
 Grid. chain: B in {1, 8, 48, 256} x k in {1, 4, 8} x V in {49152, 128256, 151936}, fp32
 probabilities, rules standard, onehot and greedy. tree: SGLang's default shape (topk 4, depth 5,
@@ -14,7 +14,9 @@ engine's torch composition, one layer of Llama-3.1-8B (32 query heads, 8 key/val
 128, bf16), B in {1, 8, 48} x q in {1, 9} x S in {512, 4096} cached tokens, each side replayed
 from a CUDA graph; its floor: the cache prefix read once, the new entries written, qkv and o.
 "equal" there means o within 2e-2 of the reference relative to its largest entry (bf16; the
-reference rounds its scores to bf16, the kernel does not).
+reference rounds its scores to bf16, the kernel does not). attention_tune (not in the default
+list either): the same at B in {1, 8} x q in {1, 9} x S in {512, 4096}, over the least blocks a
+prefix split takes (min_blocks 1, 2, 4, 8) and the partials the merge folds a step (unroll).
 
 Inputs. p = softmax(3 z), q = softmax(3 z') with independent Gaussian z, z' per position; a
 draft is the argmax of p with probability 0.7, else a draw from q. So greedy accepts about 0.7
@@ -83,6 +85,9 @@ GRID_T = (1024, 4096)
 # attention (Llama-3.1-8B's heads): batch x positions x cached context
 ATTENTION = dict(heads=32, kv_heads=8, head_dim=128)
 GRID_ATTENTION = [(B, q, S) for S in (512, 4096) for B in (1, 8, 48) for q in (1, 9)]
+# attention_tune: the least blocks a split takes and the partials the merge folds a step, at the
+# batches where the prefix splits (at 48 it does not)
+GRID_ATTENTION_TUNE = [(B, q, S) for S in (512, 4096) for B in (1, 8) for q in (1, 9)]
 GOAL = dict(B=256, k=8, V=128256)
 SGLANG_TREE = [-1, 0, 0, 0, 0, 1, 5, 6, 7]  # topk 4, depth 5, 8 draft tokens + the root
 FLUSH_BYTES = 512 * 2**20
@@ -240,17 +245,19 @@ def attention_inputs(B, q, S, device, dtype, seed=0):
     return qkv, angles.cos().to(dtype), angles.sin().to(dtype), cache[0], cache[1], lengths, ancestors
 
 
-def bench_attention(B, q, S, device, measure) -> dict:
+def bench_attention(B, q, S, device, measure, launch=None) -> dict:
     """decode() against reference() (the engine's torch path: RoPE, index_put, two matmuls and
     an fp32 softmax), each inside a CUDA graph on the GPU as the engine runs them. The floor:
-    the cache prefix read once (K and V), q new entries written, qkv read and o written."""
+    the cache prefix read once (K and V), q new entries written, qkv read and o written.
+    launch: decode()'s overrides of its launch heuristic (attention_tune), or None."""
     H, Hkv, hd = ATTENTION.values()
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     qkv, cos, sin, k, v, lengths, ancestors = attention_inputs(B, q, S, device, dtype)
     mask = attention.mask(lengths, ancestors, k.shape[2], H // Hkv)
     args = (qkv, cos, sin, k, v, lengths, ancestors, H, Hkv)
     ref = attention.reference(*args, mask=mask)
-    out = attention.decode(*args)
+    launch = launch or {}
+    out = attention.decode(*args, **launch)
     err = float((out.float() - ref.float()).abs().max() / ref.float().abs().max())
 
     def graphed(fn):
@@ -263,12 +270,13 @@ def bench_attention(B, q, S, device, measure) -> dict:
             fn()
         return graph.replay
 
-    kernel_ms = measure(graphed(lambda: attention.decode(*args)))
+    kernel_ms = measure(graphed(lambda: attention.decode(*args, **launch)))
     torch_ms = measure(graphed(lambda: attention.reference(*args, mask=mask)))
     size = qkv.element_size()
     floor = (2 * B * Hkv * S * hd + 2 * B * Hkv * q * hd + qkv.numel() + B * q * H * hd) * size
     return dict(kernel="attention", rule="decode", B=B, shape=f"q={q},S={S}", q=q, S=S, V=0, equal=err < 2e-2,
-                max_rel_err=err, kernel_ms=kernel_ms, torch_ms=torch_ms, floor_bytes=floor)
+                max_rel_err=err, kernel_ms=kernel_ms, torch_ms=torch_ms, floor_bytes=floor,
+                launch=" ".join(f"{key}={value}" for key, value in launch.items()))
 
 
 # --- the run ----------------------------------------------------------------------------------
@@ -335,6 +343,13 @@ def main(argv=None) -> int:
     if "attention" in parts:
         for B, q, S in [(2, 3, 40)] if args.tiny else GRID_ATTENTION:
             attempt(results, args.out, lambda: bench_attention(B, q, S, device, measure))
+    if "attention_tune" in parts:
+        for B, q, S in [(2, 1, 40)] if args.tiny else GRID_ATTENTION_TUNE:
+            block_m = attention.launch_shape(B, q, S, ATTENTION["kv_heads"], 4, 128, 132)[1]
+            for min_blocks in (1, 2) if args.tiny else (1, 2, 4, 8):
+                for unroll in sorted({1, attention.merge_unroll(block_m), 2}):
+                    launch = dict(min_blocks=min_blocks, unroll=unroll)
+                    attempt(results, args.out, lambda: bench_attention(B, q, S, device, measure, launch))
     if "tune" in parts and not args.tiny:
         inputs = chain_inputs(GOAL["B"], GOAL["k"], GOAL["V"], device)
         for block_v in (1024, 2048, 4096):

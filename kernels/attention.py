@@ -74,6 +74,9 @@ except ImportError:  # CPU installs without triton: `reference` still runs
 
 LOG2E = 1.4426950408889634
 SMS_CPU = 132  # what the launch heuristic assumes off CUDA (an H200's SM count)
+# The least BLOCK_S blocks a prefix split takes: a short prefix runs in fewer splits, so that the
+# merge folds fewer partials (see the module docstring).
+MIN_BLOCKS = 4
 _SMS: dict = {}  # device index -> SM count
 
 
@@ -201,7 +204,8 @@ if triton is not None:
                   s_aj, s_ob, s_oi, S, QK_SCALE: tl.constexpr,
                   Q: tl.constexpr, G: tl.constexpr, H: tl.constexpr, HKV: tl.constexpr, HD: tl.constexpr,
                   SPLITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_Q: tl.constexpr,
-                  PRECISION: tl.constexpr, COMPILED: tl.constexpr, PDL: tl.constexpr):
+                  MIN_BLOCKS: tl.constexpr, UNROLL: tl.constexpr, PRECISION: tl.constexpr, COMPILED: tl.constexpr,
+                  PDL: tl.constexpr):
         # qkv: [B, Q, (H + 2 HKV) HD]; cos, sin: [B, Q, 1, HD]; k, v: [B, HKV, S, HD] (last dims
         # contiguous); len: [B] int64; anc: [B, Q, Q] int8; m, l: [B HKV, SPLITS + 1, M] fp32;
         # acc: [B HKV, SPLITS + 1, M, HD] fp32; cnt: [B HKV tiles] int32, zero; o: [B, Q, H HD].
@@ -214,8 +218,31 @@ if triton is not None:
         bh = tl.program_id(2)
         b = (bh // HKV).to(tl.int64)
         kvh = (bh % HKV).to(tl.int64)
-        M: tl.constexpr = G * Q
         length = tl.minimum(tl.load(len_ptr + b), S).to(tl.int32)
+        per, ran = _chunks(length, SPLITS, BLOCK_S, MIN_BLOCKS)
+        if (split == SPLITS) | (split < ran):  # a split past the prefix neither works nor counts
+            _program(qkv_ptr, cos_ptr, sin_ptr, k_ptr, v_ptr, anc_ptr, m_ptr, l_ptr, acc_ptr, cnt_ptr, o_ptr,
+                     s_qb, s_qi, s_cb, s_ci, s_kb, s_kh, s_ks, s_vb, s_vh, s_vs, s_ab, s_ai, s_aj, s_ob, s_oi, S,
+                     split, tile, bh, b, kvh, length, per, ran, QK_SCALE, Q, G, H, HKV, HD, SPLITS, BLOCK_M,
+                     BLOCK_S, BLOCK_Q, UNROLL, PRECISION, COMPILED)
+
+    @triton.jit
+    def _chunks(length, SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, MIN_BLOCKS: tl.constexpr):
+        # The prefix [0, length) in chunks of `per` slots (whole BLOCK_S blocks, at least MIN_BLOCKS
+        # of them), one per split: -> (per, ran), ran the splits with work (0 when length is 0).
+        per = tl.maximum(tl.cdiv(tl.cdiv(length, BLOCK_S), SPLITS), MIN_BLOCKS) * BLOCK_S
+        return per, tl.cdiv(length, per)
+
+    @triton.jit
+    def _program(qkv_ptr, cos_ptr, sin_ptr, k_ptr, v_ptr, anc_ptr, m_ptr, l_ptr, acc_ptr, cnt_ptr, o_ptr,
+                 s_qb, s_qi, s_cb, s_ci, s_kb, s_kh, s_ks, s_vb, s_vh, s_vs, s_ab, s_ai, s_aj, s_ob, s_oi, S,
+                 split, tile, bh, b, kvh, length, per, ran, QK_SCALE: tl.constexpr, Q: tl.constexpr,
+                 G: tl.constexpr, H: tl.constexpr, HKV: tl.constexpr, HD: tl.constexpr, SPLITS: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_Q: tl.constexpr, UNROLL: tl.constexpr,
+                 PRECISION: tl.constexpr, COMPILED: tl.constexpr):
+        # One program of _partials that has work: prefix split `split` < ran (slots [split per,
+        # (split + 1) per) below the length), or the new entries (split == SPLITS).
+        M: tl.constexpr = G * Q
         r = tile * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M] query rows g * Q + i
         r_ok = r < M
         i = r % Q
@@ -225,29 +252,27 @@ if triton is not None:
                    b * s_cb + i[:, None] * s_ci, r_ok[:, None], HD)  # [BLOCK_M, HD]
         part = (bh * (SPLITS + 1) + split).to(tl.int64) * M + r  # [BLOCK_M] partial row index
         if split < SPLITS:
-            # Prefix chunk [lo, hi): the length in SPLITS parts of whole BLOCK_S blocks.
-            per = tl.cdiv(tl.cdiv(length, BLOCK_S), SPLITS) * BLOCK_S
+            # Prefix chunk [lo, hi), not empty (split < ran)
             lo = split * per
             hi = tl.minimum(lo + per, length)
-            if lo < hi:
-                k_row = k_ptr + b * s_kb + kvh * s_kh
-                v_row = v_ptr + b * s_vb + kvh * s_vh
-                m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
-                l_i = tl.zeros((BLOCK_M,), tl.float32)
-                acc = tl.zeros((BLOCK_M, HD), tl.float32)
-                if COMPILED:  # a for loop: software-pipelined
-                    for start in range(lo, hi, BLOCK_S):
-                        m_i, l_i, acc = _prefix_block(xq, k_row, v_row, start, hi, s_ks, s_vs, m_i, l_i, acc,
-                                                      QK_SCALE, HD, BLOCK_S, PRECISION)
-                else:  # the interpreter's range() takes no tensor bounds (numpy >= 2)
-                    start = lo
-                    while start < hi:
-                        m_i, l_i, acc = _prefix_block(xq, k_row, v_row, start, hi, s_ks, s_vs, m_i, l_i, acc,
-                                                      QK_SCALE, HD, BLOCK_S, PRECISION)
-                        start += BLOCK_S
-                tl.store(m_ptr + part, m_i, mask=r_ok)
-                tl.store(l_ptr + part, l_i, mask=r_ok)
-                tl.store(acc_ptr + part[:, None] * HD + rd[None, :], acc, mask=r_ok[:, None])
+            k_row = k_ptr + b * s_kb + kvh * s_kh
+            v_row = v_ptr + b * s_vb + kvh * s_vh
+            m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+            l_i = tl.zeros((BLOCK_M,), tl.float32)
+            acc = tl.zeros((BLOCK_M, HD), tl.float32)
+            if COMPILED:  # a for loop: software-pipelined
+                for start in range(lo, hi, BLOCK_S):
+                    m_i, l_i, acc = _prefix_block(xq, k_row, v_row, start, hi, s_ks, s_vs, m_i, l_i, acc,
+                                                  QK_SCALE, HD, BLOCK_S, PRECISION)
+            else:  # the interpreter's range() takes no tensor bounds (numpy >= 2)
+                start = lo
+                while start < hi:
+                    m_i, l_i, acc = _prefix_block(xq, k_row, v_row, start, hi, s_ks, s_vs, m_i, l_i, acc,
+                                                  QK_SCALE, HD, BLOCK_S, PRECISION)
+                    start += BLOCK_S
+            tl.store(m_ptr + part, m_i, mask=r_ok)
+            tl.store(l_ptr + part, l_i, mask=r_ok)
+            tl.store(acc_ptr + part[:, None] * HD + rd[None, :], acc, mask=r_ok[:, None])
         else:
             # The Q new entries, from qkv: input j fits when length + j < S.
             j = tl.arange(0, BLOCK_Q)  # [BLOCK_Q]
@@ -274,57 +299,55 @@ if triton is not None:
                 w_ok = (j_in & ((j == Q - 1) | (length + j < S - 1)))[:, None]
                 tl.store(k_ptr + b * s_kb + kvh * s_kh + slot[:, None] * s_ks + rd[None, :], k_new, mask=w_ok)
                 tl.store(v_ptr + b * s_vb + kvh * s_vh + slot[:, None] * s_vs + rd[None, :], v_new, mask=w_ok)
-        # The last of the SPLITS + 1 programs of this (row tile, row, kv head) to finish merges
-        # their partials into o and sets the count back to zero for the next call. The barrier
-        # puts every thread's stores before the count's release; the merge's loads bypass L1.
+        # The last of the ran + 1 programs with work of this (row tile, row, kv head) to finish
+        # merges their partials into o and sets the count back to zero for the next call. The
+        # barrier puts every thread's stores before the count's release; the merge's loads
+        # bypass L1.
         tl.debug_barrier()
         count = cnt_ptr + bh * tl.num_programs(1) + tile
-        if tl.atomic_add(count, 1, sem="acq_rel") == SPLITS:
+        if tl.atomic_add(count, 1, sem="acq_rel") == ran:
             tl.atomic_xchg(count, 0)
             _merge(m_ptr, l_ptr, acc_ptr, o_ptr, (bh * (SPLITS + 1)).to(tl.int64) * M + r, r_ok,
-                   length, b * s_ob + i[:, None] * s_oi + head[:, None] * HD + rd[None, :],
-                   M, HD, SPLITS, BLOCK_S, COMPILED)
+                   ran, b * s_ob + i[:, None] * s_oi + head[:, None] * HD + rd[None, :],
+                   M, HD, SPLITS, UNROLL, COMPILED)
 
     @triton.jit
-    def _fold(m_ptr, l_ptr, acc_ptr, part, r_ok, top, den, num, HD: tl.constexpr):
-        # Adds the partial at rows `part` [BLOCK_M], weighted by 2^(m - top), to den, num.
+    def _fold(m_ptr, l_ptr, acc_ptr, part, ok, top, den, num, HD: tl.constexpr):
+        # Folds the partial at rows `part` [BLOCK_M] (where ok) into the running (top, den, num):
+        # the online softmax's rescale, as a prefix block does it.
         rd = tl.arange(0, HD)
-        w = tl.exp2(tl.load(m_ptr + part, mask=r_ok, other=float("-inf"), cache_modifier=".cg") - top)
-        den += w * tl.load(l_ptr + part, mask=r_ok, other=0.0, cache_modifier=".cg")
-        num += w[:, None] * tl.load(acc_ptr + part[:, None] * HD + rd[None, :], mask=r_ok[:, None], other=0.0,
-                                    cache_modifier=".cg")
-        return den, num
+        m = tl.load(m_ptr + part, mask=ok, other=float("-inf"), cache_modifier=".cg")
+        l = tl.load(l_ptr + part, mask=ok, other=0.0, cache_modifier=".cg")  # noqa: E741
+        acc = tl.load(acc_ptr + part[:, None] * HD + rd[None, :], mask=ok[:, None], other=0.0, cache_modifier=".cg")
+        new_top = tl.maximum(top, m)
+        safe = tl.where(new_top == float("-inf"), 0.0, new_top)  # -inf: nothing seen yet, weights 0
+        old_w, w = tl.exp2(top - safe), tl.exp2(m - safe)
+        return new_top, den * old_w + l * w, num * old_w[:, None] + acc * w[:, None]
 
     @triton.jit
-    def _merge(m_ptr, l_ptr, acc_ptr, o_ptr, row0, r_ok, length, o_off, M: tl.constexpr, HD: tl.constexpr,
-               SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, COMPILED: tl.constexpr):
+    def _merge(m_ptr, l_ptr, acc_ptr, o_ptr, row0, r_ok, ran, o_off, M: tl.constexpr, HD: tl.constexpr,
+               SPLITS: tl.constexpr, UNROLL: tl.constexpr, COMPILED: tl.constexpr):
         # Merges the partials of query rows row0 [BLOCK_M] (split 0's partial rows; r_ok: real
-        # rows) into o at offsets o_off [BLOCK_M, HD]: the new entries' partial and the prefix
-        # splits that ran (those with lo < length).
-        per = tl.cdiv(tl.cdiv(length, BLOCK_S), SPLITS) * BLOCK_S
-        ran = tl.cdiv(length, tl.maximum(per, 1))  # prefix splits with work: 0 when length is 0
+        # rows) into o at offsets o_off [BLOCK_M, HD]: the new entries' partial, then the `ran`
+        # prefix splits in order, in one pass. UNROLL splits a step: their loads depend on no
+        # fold, so they are in flight together (the fold's arithmetic is in registers).
         new = row0 + SPLITS * M
-        top = tl.load(m_ptr + new, mask=r_ok, other=float("-inf"), cache_modifier=".cg")
+        lane = tl.zeros(r_ok.shape, tl.int32)  # s < ran as a block: the interpreter's & takes no scalar
+        top = tl.full(row0.shape, float("-inf"), tl.float32)
+        top, den, num = _fold(m_ptr, l_ptr, acc_ptr, new, r_ok, top, tl.zeros(top.shape, tl.float32),
+                              tl.zeros((top.shape[0], HD), tl.float32), HD)
         if COMPILED:
-            for s in range(0, ran):
-                top = tl.maximum(top, tl.load(m_ptr + row0 + s * M, mask=r_ok, other=float("-inf"),
-                                              cache_modifier=".cg"))
+            for s0 in range(0, ran, UNROLL):
+                for u in tl.static_range(UNROLL):
+                    live = r_ok & (lane + s0 + u < ran)
+                    top, den, num = _fold(m_ptr, l_ptr, acc_ptr, row0 + (s0 + u) * M, live, top, den, num, HD)
         else:  # the interpreter's range() takes no tensor bounds
-            s = 0
-            while s < ran:
-                top = tl.maximum(top, tl.load(m_ptr + row0 + s * M, mask=r_ok, other=float("-inf")))
-                s += 1
-        top = tl.where(top == float("-inf"), 0.0, top)  # a row that sees nothing: all weights 0
-        den, num = _fold(m_ptr, l_ptr, acc_ptr, new, r_ok, top, tl.zeros(top.shape, tl.float32),
-                         tl.zeros((top.shape[0], HD), tl.float32), HD)
-        if COMPILED:
-            for s in range(0, ran):
-                den, num = _fold(m_ptr, l_ptr, acc_ptr, row0 + s * M, r_ok, top, den, num, HD)
-        else:
-            s = 0
-            while s < ran:
-                den, num = _fold(m_ptr, l_ptr, acc_ptr, row0 + s * M, r_ok, top, den, num, HD)
-                s += 1
+            s0 = 0
+            while s0 < ran:
+                for u in tl.static_range(UNROLL):
+                    live = r_ok & (lane + s0 + u < ran)
+                    top, den, num = _fold(m_ptr, l_ptr, acc_ptr, row0 + (s0 + u) * M, live, top, den, num, HD)
+                s0 += UNROLL
         o = num / tl.where(den > 0, den, 1.0)[:, None]  # [BLOCK_M, HD]
         tl.store(o_ptr + o_off, o.to(o_ptr.dtype.element_ty), mask=r_ok[:, None])
 
@@ -366,18 +389,25 @@ def _sm_count(device: torch.device) -> int:
 
 def launch_shape(B: int, q: int, S: int, kv_heads: int, G: int, hd: int, sms: int, *,
                  splits: Optional[int] = None, block_m: Optional[int] = None,
-                 block_s: Optional[int] = None) -> tuple[int, int, int, int]:
+                 block_s: Optional[int] = None, min_blocks: int = MIN_BLOCKS) -> tuple[int, int, int, int]:
     """(splits, BLOCK_M, BLOCK_S, tiles) from shapes only (the grid is (splits + 1, tiles,
     B * kv_heads)). The G*q query rows of a kv head tile by 16 to 64 (16 is tl.dot's least
     size); the prefix is split so that about 2 programs run per SM, into no more splits than
-    the cache has BLOCK_S blocks. Given values override the heuristic."""
+    the cache has chunks of min_blocks BLOCK_S blocks (the least a split takes). Given values
+    override the heuristic."""
     M = G * q
     block_m = block_m or min(64, max(16, _pow2(M)))
     block_s = block_s or (64 if hd <= 128 else 32)
     tiles = _cdiv(M, block_m)
     if splits is None:
-        splits = min(max(_cdiv(2 * sms, B * kv_heads * tiles), 1), _cdiv(S, block_s))
+        splits = min(max(_cdiv(2 * sms, B * kv_heads * tiles), 1), _cdiv(S, block_s * min_blocks))
     return splits, block_m, block_s, tiles
+
+
+def merge_unroll(block_m: int) -> int:
+    """Partials the merge folds a step: as many [BLOCK_M, hd] fp32 loads in flight as 64 query
+    rows' worth (4 at BLOCK_M 16, 1 at 64), so that the merge's registers stay within a tile's."""
+    return max(1, 64 // block_m)
 
 
 def counters(B: int, q: int, kv_heads: int, G: int, device: torch.device) -> torch.Tensor:
@@ -390,19 +420,20 @@ def counters(B: int, q: int, kv_heads: int, G: int, device: torch.device) -> tor
 def decode(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
            v_cache: torch.Tensor, lengths: torch.Tensor, ancestors: torch.Tensor, heads: int,
            kv_heads: int, counts: Optional[torch.Tensor] = None, *, splits: Optional[int] = None,
-           block_m: Optional[int] = None, block_s: Optional[int] = None, num_warps: int = 4) -> torch.Tensor:
+           block_m: Optional[int] = None, block_s: Optional[int] = None, min_blocks: int = MIN_BLOCKS,
+           unroll: Optional[int] = None, num_warps: int = 4) -> torch.Tensor:
     """reference() in one Triton launch (see the module docstring): -> o [B, q, heads*hd] in
     qkv's dtype; writes the q new entries of each row into k_cache, v_cache. counts: a buffer
     from `counters` for these shapes, left zero (native makes one per forward), or None for a
-    new one. splits, block_m, block_s, num_warps: overrides of the launch heuristic, for
-    benchmarks and tests. Traceable by torch.compile(fullgraph=True): nothing here reads a
+    new one. splits, block_m, block_s, min_blocks, unroll (the merge's; `merge_unroll`),
+    num_warps: overrides of the launch heuristic, for benchmarks and tests. Traceable by torch.compile(fullgraph=True): nothing here reads a
     tensor's values."""
     B, q, _ = qkv.shape
     S, hd = k_cache.shape[2], k_cache.shape[3]
     G = heads // kv_heads
     M = G * q
-    splits, block_m, block_s, tiles = launch_shape(B, q, S, kv_heads, G, hd, _sm_count(qkv.device),
-                                                   splits=splits, block_m=block_m, block_s=block_s)
+    splits, block_m, block_s, tiles = launch_shape(B, q, S, kv_heads, G, hd, _sm_count(qkv.device), splits=splits,
+                                                   block_m=block_m, block_s=block_s, min_blocks=min_blocks)
     if counts is None:
         counts = counters(B, q, kv_heads, G, qkv.device)
     torch._check(counts.numel() >= B * kv_heads * tiles, lambda: "decode: counts too small for these shapes")
@@ -427,15 +458,15 @@ def decode(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: tor
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         anc.stride(0), anc.stride(1), anc.stride(2), o.stride(0), o.stride(1), S,
-        **constants(q, heads, kv_heads, hd, splits, block_m, block_s, fp32),
+        **constants(q, heads, kv_heads, hd, splits, block_m, block_s, fp32, min_blocks, unroll),
         COMPILED=not INTERPRETED, PDL=bool(pdl), num_warps=num_warps, **options)
     return o
 
 
 def constants(q: int, heads: int, kv_heads: int, hd: int, splits: int, block_m: int, block_s: int,
-              fp32: bool) -> dict:
-    """_partials' compile-time arguments for a launch (`launch_shape`'s splits and blocks), but
-    COMPILED and PDL."""
+              fp32: bool, min_blocks: int = MIN_BLOCKS, unroll: Optional[int] = None) -> dict:
+    """_partials' compile-time arguments for a launch (`launch_shape`'s splits and blocks; the
+    merge's unroll, `merge_unroll` unless given), but COMPILED and PDL."""
     return dict(QK_SCALE=hd**-0.5 * LOG2E, Q=q, G=heads // kv_heads, H=heads, HKV=kv_heads, HD=hd, SPLITS=splits,
-                BLOCK_M=block_m, BLOCK_S=block_s,
-                BLOCK_Q=max(16, _pow2(q)), PRECISION="ieee" if fp32 else "tf32")
+                BLOCK_M=block_m, BLOCK_S=block_s, BLOCK_Q=max(16, _pow2(q)), MIN_BLOCKS=min_blocks,
+                UNROLL=unroll or merge_unroll(block_m), PRECISION="ieee" if fp32 else "tf32")

@@ -137,13 +137,21 @@ def test_reference_spelled_out(dtype):
 # a multiple of a block; the overrides force one split, several, and several row tiles.
 CASES = {
     "decode-one": (1, 1, 1, 2, 16, 37, [20], False, {}),
-    "chain-splits": (3, 4, 4, 2, 32, 50, [0, 17, 46], False, {"splits": 3, "block_s": 16}),
+    "chain-splits": (3, 4, 4, 2, 32, 50, [0, 17, 46], False, {"splits": 3, "block_s": 16, "min_blocks": 1}),
     "tree-one-split": (3, 9, 1, 2, 16, 45, [36, 0, 13], True, {"splits": 1, "block_s": 16}),
-    "tree-tiles": (1, 9, 4, 1, 32, 70, [61], True, {"splits": 4, "block_s": 16, "block_m": 16}),
+    "tree-tiles": (1, 9, 4, 1, 32, 70, [61], True, {"splits": 4, "block_s": 16, "block_m": 16, "min_blocks": 1}),
     "tree-heuristic": (3, 4, 4, 1, 16, 100, [96, 0, 70], True, {}),
-    "chain-more-splits-than-blocks-used": (3, 9, 1, 1, 16, 60, [2, 51, 30], False, {"splits": 4, "block_s": 16}),
+    "chain-more-splits-than-blocks-used": (3, 9, 1, 1, 16, 60, [2, 51, 30], False,
+                                           {"splits": 4, "block_s": 16, "min_blocks": 1}),
     "tree-wide": (1, 33, 8, 1, 16, 90, [57], True, {}),  # 264 query rows: 5 tiles of 64, BLOCK_Q 64
-    "decode-merge-splits": (2, 1, 4, 2, 16, 140, [130, 40], False, {"splits": 7, "block_s": 16}),  # 5 and 3 splits ran
+    # 5 and 3 splits ran; the merge folds 4 a step (BLOCK_M 16): a full step and a masked one
+    "decode-merge-splits": (2, 1, 4, 2, 16, 140, [130, 40], False, {"splits": 7, "block_s": 16, "min_blocks": 1}),
+    "decode-merge-one-a-step": (2, 1, 4, 2, 16, 140, [130, 40], False,
+                                {"splits": 7, "block_s": 16, "min_blocks": 1, "unroll": 1}),
+    "decode-merge-three-a-step": (2, 1, 4, 2, 16, 140, [130, 40], False,
+                                  {"splits": 7, "block_s": 16, "min_blocks": 1, "unroll": 3}),
+    # at least 4 blocks a split: 3 splits launched (140 slots), 3 and 1 ran
+    "decode-min-blocks": (2, 1, 4, 2, 16, 140, [130, 40], False, {"block_s": 16}),
 }
 
 
@@ -170,7 +178,7 @@ def test_decode_reads_only_the_prefix_and_its_own_inputs():
             cache[:, row, :, n:] = float("inf")
             ref[1, row, :, n + q :] = float("inf")
             ref[0, row, :, n:] = float("inf")
-    o, k, v = run(attention.decode, case, splits=2, block_s=16)
+    o, k, v = run(attention.decode, case, splits=2, block_s=16, min_blocks=1)
     assert torch.isfinite(o).all() and relative(o, o_ref) < 1e-5
     assert torch.equal(k, k_ref) and torch.equal(v, v_ref)
 
@@ -181,7 +189,7 @@ def test_decode_past_the_cache_end():
     B, q, H, Hkv, hd, S = 2, 6, 4, 2, 16, 30
     case = make_case(B, q, H, Hkv, hd, S, [27, 4], tree=True)
     o_ref, k_ref, v_ref = run(attention.reference, case)
-    o, k, v = run(attention.decode, case, splits=2, block_s=16)
+    o, k, v = run(attention.decode, case, splits=2, block_s=16, min_blocks=1)
     assert relative(o[0, : S - 1 - 27], o_ref[0, : S - 1 - 27]) < 1e-5 and relative(o[1], o_ref[1]) < 1e-5
     assert torch.equal(k[..., : S - 1, :], k_ref[..., : S - 1, :]) and torch.equal(v[..., : S - 1, :], v_ref[..., : S - 1, :])
     xk = case["qkv"][0, q - 1, H * hd : (H + Hkv) * hd].view(1, 1, Hkv, hd)
@@ -195,7 +203,7 @@ def test_decode_fp16_caches_bit_identical_and_o_close():
     B, q, G, Hkv, hd, S = 3, 4, 4, 2, 32, 50
     case = make_case(B, q, G * Hkv, Hkv, hd, S, [0, 17, 46], tree=True, dtype=torch.float16)
     o_ref, k_ref, v_ref = run(attention.reference, case)
-    o, k, v = run(attention.decode, case, splits=3, block_s=16)
+    o, k, v = run(attention.decode, case, splits=3, block_s=16, min_blocks=1)
     assert torch.equal(k, k_ref) and torch.equal(v, v_ref)
     assert relative(o, o_ref) < 4e-3, relative(o, o_ref)
     # fp64 attention over the same fp16 q (rotated and rounded as both do) and the same caches
@@ -242,9 +250,12 @@ def test_bf16_rounding_in_integers_is_torchs():
 
 def test_launch_shape_depends_on_shapes_only():
     # Llama-3.1-8B at batch 1, one input: 8 programs before splitting, 33 splits for 264 programs
-    assert attention.launch_shape(1, 1, 4097, 8, 4, 128, 132) == (33, 16, 64, 1)
+    assert attention.launch_shape(1, 1, 4097, 8, 4, 128, 132, min_blocks=1) == (33, 16, 64, 1)
+    # no more splits than the cache has chunks of MIN_BLOCKS (4) blocks: 4097 slots, 17 of 256
+    assert attention.launch_shape(1, 1, 4097, 8, 4, 128, 132) == (17, 16, 64, 1)
     assert attention.launch_shape(64, 1, 4097, 8, 4, 128, 132) == (1, 16, 64, 1)
-    assert attention.launch_shape(1, 33, 100, 8, 8, 128, 132) == (2, 64, 64, 5)  # no more splits than blocks
+    assert attention.launch_shape(1, 33, 100, 8, 8, 128, 132, min_blocks=1) == (2, 64, 64, 5)
+    assert attention.launch_shape(1, 33, 100, 8, 8, 128, 132) == (1, 64, 64, 5)
     assert attention.launch_shape(1, 1, 4097, 8, 4, 256, 132)[2] == 32
     assert attention.launch_shape(2, 4, 999, 2, 4, 64, 132, splits=5, block_m=32, block_s=16) == (5, 32, 16, 1)
 
