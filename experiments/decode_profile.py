@@ -114,7 +114,7 @@ def gemv_table(shape: dict, device, dtype, bandwidth: float, total: int = 1 << 3
                     if kernel:
                         y1 = fn(x, ws[0]).float()
                         row[f"{impl}_max_rel_err"] = float((y0 - y1).abs().max() / y0.abs().max())
-                        tuner = gemv.tuner(M, N // 2 if name == "w13" else N, name == "w13")
+                        tuner = gemv.tuner(M, N // 2 if name == "w13" else N, name == "w13", K)
                         row[f"{impl}_config"] = str(tuner.best_config)  # the autotuner's pick for this call
             print(row, flush=True)
             rows.append(row)

@@ -47,7 +47,7 @@ def main() -> int:
         with gemv.split_k(split):
             for _ in range(3):  # tunes, then warms up
                 gemv.project(x, w, eps=1e-5, **kw)
-            config = str(gemv.tuner(x.shape[0], out, kw.get("glu", False)).best_config)
+            config = str(gemv.tuner(x.shape[0], out, kw.get("glu", False), x.shape[1]).best_config)
         calls.append((label, x, w, kw, split, config))
     torch.cuda.synchronize()
     torch.cuda.profiler.start()

@@ -82,9 +82,9 @@ def gemv_rows(arch: int) -> list:
     pointers.update(p_ptr="*fp32", c_ptr="*i32")  # the rows kernel's split-K partials and counts
     for name, (N, K, folds) in PROJECTIONS.items():
         # the tuners project() picks at 1 and 9 rows (the rows one with its split-K tiles)
-        kernels = [("vector", gemv.tuner(1, N, folds["GLU"])), ("rows", gemv.tuner(9, N, folds["GLU"]))]
+        kernels = [("vector", gemv.tuner(1, N, folds["GLU"], K)), ("rows", gemv.tuner(9, N, folds["GLU"], K))]
         for kind, tuner in kernels:
-            for config in gemv._split_fits(tuner.configs, {"K": K}):  # as the autotuner prunes them
+            for config in gemv._k_fits(tuner.configs, {"K": K}):  # as the autotuner prunes them
                 consts = dict(K=K, PDL=False, **folds, **config.kwargs)
                 if kind == "rows":
                     consts["PRECISION"] = "tf32"

@@ -19,22 +19,27 @@ ancestors[b, i, j]. The q query heads that share a key/value head are one set of
 (query head g, position i: row g q + i, native's order), so K and V are read once per kv head.
 
 The kernel (`_partials`), grid (SPLITS + 1, tiles, B Hkv): flash decoding. Programs 0 .. SPLITS-1
-of a (row, kv head, row tile) split the prefix [0, length) into SPLITS chunks of whole BLOCK_S
-blocks, sized from the row's length inside the kernel: the grid depends on shapes only (the
-call is captured in a CUDA graph) while short rows still spread over every split; a split past
-the prefix does nothing. Program SPLITS takes the q new entries: it rotates their keys in
-registers, attends to them through `ancestors`, and (row tile 0 only) writes k and v into the
-cache. The new entries are never read back from the cache, and prefix programs read only slots
-below the length, so the write races with no read. Each program keeps an online-softmax state
-(running max, sum, acc [BLOCK_M, hd]) in fp32 and stores it as a partial, then counts itself
-done on an int32 of its (row, kv head, row tile); the program that counts last merges the
-tile's partials into o, in o's [B, q, H hd] layout, and zeroes the count. A second kernel
-(`_combine`) merged until 2026-12-04: on an H200 it took 7.8 us a layer in a 9-position verify
-forward at context 512 (results/2026-12-03-h200-night), more than the attention itself.
-The merge walks the splits one at a time. A merge that loaded every split's maxima at once and
-the accumulators four splits a load ([4, 16, hd] fp32) was tried and measured slower on an H200
-(results/2026-12-04-h200-afternoon): at one token and context 512, 16.5 us a layer against 8.9,
-and a decode step 4.45 ms against 4.21; at 9 positions even (13.0 against 13.3 us).
+of a (row, kv head, row tile) split the prefix [0, length) into chunks of whole BLOCK_S blocks,
+at least MIN_BLOCKS of them, sized from the row's length inside the kernel: the grid depends on
+shapes only (the call is captured in a CUDA graph) while short rows still spread over several
+splits; the `ran` splits that hold a chunk work, the others return at once. Program SPLITS takes
+the q new entries: it rotates their keys in registers, attends to them through `ancestors`, and
+(row tile 0 only) writes k and v into the cache. The new entries are never read back from the
+cache, and prefix programs read only slots below the length, so the write races with no read.
+Each program keeps an online-softmax state (running max, sum, acc [BLOCK_M, hd]) in fp32 and
+stores it as a partial, then counts itself done on an int32 of its (row, kv head, row tile);
+the program that counts last (the ran + 1-th) merges the tile's partials into o, in o's
+[B, q, H hd] layout, and zeroes the count. A second kernel (`_combine`) merged until
+2026-12-04: on an H200 it took 7.8 us a layer in a 9-position verify forward at context 512
+(results/2026-12-03-h200-night), more than the attention itself.
+
+The merge is one online pass over the partials (the new entries', then the splits in order),
+`merge_unroll` partials a step so that their loads are in flight together. Loading every
+split's maxima at once and the accumulators four splits a load ([4, 16, hd] fp32) measured
+slower (results/2026-12-04-h200-afternoon: 16.5 us a layer at one token against 8.9). How many
+splits: kernel_bench's attention_tune on an H200 (results/2026-12-04-h200-evening) at batch 1,
+one token, context 512: 13.3 us a call with 4 splits of 2 blocks against 14.0 with 8 of one;
+context 4096: 19.8 with 8 splits against 26.3 with 32 (launch, L2 flush and events included).
 
 Rounding as in torch: RoPE rounds x cos, rot sin and their sum to the dtype, so the cache gets
 the reference's bits (compiled without FMA contraction for the same reason, and for bf16 the
@@ -74,9 +79,11 @@ except ImportError:  # CPU installs without triton: `reference` still runs
 
 LOG2E = 1.4426950408889634
 SMS_CPU = 132  # what the launch heuristic assumes off CUDA (an H200's SM count)
-# The least BLOCK_S blocks a prefix split takes: a short prefix runs in fewer splits, so that the
-# merge folds fewer partials (see the module docstring).
-MIN_BLOCKS = 4
+# The prefix splits: about one program per SM, at most MAX_SPLITS, each at least MIN_BLOCKS
+# BLOCK_S blocks long, so that a short prefix runs in fewer splits and the merge folds fewer
+# partials. From kernel_bench's attention_tune on an H200 (results/2026-12-04-h200-evening).
+MAX_SPLITS = 8
+MIN_BLOCKS = 2
 _SMS: dict = {}  # device index -> SM count
 
 
@@ -389,18 +396,19 @@ def _sm_count(device: torch.device) -> int:
 
 def launch_shape(B: int, q: int, S: int, kv_heads: int, G: int, hd: int, sms: int, *,
                  splits: Optional[int] = None, block_m: Optional[int] = None,
-                 block_s: Optional[int] = None, min_blocks: int = MIN_BLOCKS) -> tuple[int, int, int, int]:
+                 block_s: Optional[int] = None, min_blocks: int = MIN_BLOCKS,
+                 max_splits: int = MAX_SPLITS) -> tuple[int, int, int, int]:
     """(splits, BLOCK_M, BLOCK_S, tiles) from shapes only (the grid is (splits + 1, tiles,
     B * kv_heads)). The G*q query rows of a kv head tile by 16 to 64 (16 is tl.dot's least
-    size); the prefix is split so that about 2 programs run per SM, into no more splits than
-    the cache has chunks of min_blocks BLOCK_S blocks (the least a split takes). Given values
-    override the heuristic."""
+    size); the prefix is split so that about one program runs per SM, into at most max_splits
+    and no more splits than the cache has chunks of min_blocks BLOCK_S blocks (the least a
+    split takes). Given values override the heuristic."""
     M = G * q
     block_m = block_m or min(64, max(16, _pow2(M)))
     block_s = block_s or (64 if hd <= 128 else 32)
     tiles = _cdiv(M, block_m)
     if splits is None:
-        splits = min(max(_cdiv(2 * sms, B * kv_heads * tiles), 1), _cdiv(S, block_s * min_blocks))
+        splits = min(max(_cdiv(sms, B * kv_heads * tiles), 1), max_splits, _cdiv(S, block_s * min_blocks))
     return splits, block_m, block_s, tiles
 
 

@@ -73,6 +73,12 @@ def reference(x, w, b=None, *, norm=None, eps=1e-6, glu=False, residual=None):
 if triton is not None:
     _CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=3)
                 for bn in (4, 8, 16) for bk in (256, 512) for w in (4, 8)]
+    # Twice the bytes a program has in flight at a step, for K a multiple of 1024 (`tuner`): the
+    # one-row kernel's loop is a load and its products a step, not software-pipelined, so a
+    # program waits out one memory latency per tile. On an H200 (results/2026-12-04-h200) the
+    # small projections streamed at 0.72 (wo) and 0.82 (wqkv) of the copy bandwidth.
+    _WIDE_CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_K": 1024}, num_warps=w, num_stages=3)
+                     for bn in (4, 8) for w in (4, 8)]
 
     @triton.jit
     def _rstd(x_ptr, x_off, x_ok, K: tl.constexpr, eps, BLOCK_K: tl.constexpr):
@@ -98,9 +104,8 @@ if triton is not None:
             x = (h * tl.load(g_ptr + g_off).to(tl.float32)).to(dtype)
         return x
 
-    @triton.autotune(configs=_CONFIGS, key=["N", "K", "NORM", "GLU", "RESIDUAL"])
     @triton.jit
-    def _vector_kernel(x_ptr, w_ptr, y_ptr, g_ptr, r_ptr, N, K: tl.constexpr, eps,
+    def _vector_kernel_fn(x_ptr, w_ptr, y_ptr, g_ptr, r_ptr, N, K: tl.constexpr, eps,
                        NORM: tl.constexpr, GLU: tl.constexpr, RESIDUAL: tl.constexpr, PDL: tl.constexpr,
                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
         # x: [K], w: [N, K] (GLU: [2N, K]), y, r: [N], g: [K]; K % BLOCK_K == 0 (the caller checks).
@@ -137,6 +142,10 @@ if triton is not None:
         if RESIDUAL:
             y = y.to(dtype).to(tl.float32) + tl.load(r_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)
         tl.store(y_ptr + rn, y.to(dtype), mask=n_ok)
+
+    _VECTOR_KEY = ["N", "K", "NORM", "GLU", "RESIDUAL"]
+    _vector_kernel = triton.autotune(configs=_CONFIGS, key=_VECTOR_KEY)(_vector_kernel_fn)
+    _vector_wide_kernel = triton.autotune(configs=_CONFIGS + _WIDE_CONFIGS, key=_VECTOR_KEY)(_vector_kernel_fn)
 
     # The last four: deeper tiles for the long rows of w2 (K = 14336 in the 8B shape), where the
     # rows kernel streamed at 0.72 of the copy bandwidth against the one-row kernel's 0.92; with
@@ -242,7 +251,7 @@ if triton is not None:
                         acc_up += tl.load(part + s * slice_size + M * N, mask=mn_ok, other=0.0, cache_modifier=".cg")
                 _rows_epilogue(acc, acc_up, y_ptr, r_ptr, rm, rn, m_ok, n_ok, N, GLU, RESIDUAL)
 
-    def _split_fits(configs, named_args, **kwargs):
+    def _k_fits(configs, named_args, **kwargs):
         # the configurations whose slices tile K (K % (SPLIT_K BLOCK_K) == 0; none split: all)
         K = named_args["K"] if "K" in named_args else kwargs["K"]
         return [c for c in configs if K % (c.kwargs.get("SPLIT_K", 1) * c.kwargs["BLOCK_K"]) == 0]
@@ -256,9 +265,9 @@ if triton is not None:
     _rows_kernel = triton.autotune(configs=_ROWS_CONFIGS, key=_ROWS_KEY)(_rows_kernel_fn)
     _rows_glu_kernel = triton.autotune(configs=_glu(_ROWS_CONFIGS), key=_ROWS_KEY)(_rows_kernel_fn)
     _rows_split_kernel = triton.autotune(configs=_ROWS_CONFIGS + _SPLIT_CONFIGS, key=_ROWS_KEY,
-                                         prune_configs_by={"early_config_prune": _split_fits})(_rows_kernel_fn)
+                                         prune_configs_by={"early_config_prune": _k_fits})(_rows_kernel_fn)
     _rows_split_glu_kernel = triton.autotune(configs=_glu(_ROWS_CONFIGS + _SPLIT_CONFIGS), key=_ROWS_KEY,
-                                             prune_configs_by={"early_config_prune": _split_fits})(_rows_kernel_fn)
+                                             prune_configs_by={"early_config_prune": _k_fits})(_rows_kernel_fn)
 
 _COUNTS: dict = {}  # device index -> int32 [n] split-K counts, zero between launches
 # Split K is tried for outputs up to this wide (the 8B shape's wqkv, wo, w2 and each half of
@@ -322,13 +331,13 @@ def project(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor] = None, 
     grid = lambda meta: (triton.cdiv(N, meta["BLOCK_N"]), meta.get("SPLIT_K", 1))  # noqa: E731
     pdl = launch_options(x.device, M)
     folds = dict(NORM=norm is not None, GLU=glu, RESIDUAL=residual is not None, PDL=bool(pdl), **pdl)
+    kernel = tuner(M, N, glu, K)
     if M == 1:
-        _vector_kernel[grid](x2, w, y, g, r, N, K, eps, **folds)
+        kernel[grid](x2, w, y, g, r, N, K, eps, **folds)
         return y.view(*lead, N)
     # fp32: full-precision products, not tl.dot's default TF32
     precision = "ieee" if x.dtype == torch.float32 else "tf32"
     rows = 1 << (M - 1).bit_length()  # the bucket: 2, 4, 8 or 16
-    kernel = tuner(M, N, glu)
     if kernel in (_rows_split_kernel, _rows_split_glu_kernel):
         parts = torch.empty(max(SPLITS) * (2 if glu else 1) * M * N, dtype=torch.float32, device=x.device)
         counts = split_counts(x.device, triton.cdiv(N, 16))  # the narrowest tile's count of column tiles
@@ -338,12 +347,13 @@ def project(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor] = None, 
     return y.view(*lead, N)
 
 
-def tuner(M: int, N: int, glu: bool):
-    """The autotuned kernel `project` launches for M rows and N outputs (glu: N per half):
-    the one-row kernel, or the rows kernel's tuner with split K (outside torch.compile, N up to
+def tuner(M: int, N: int, glu: bool, K: int):
+    """The autotuned kernel `project` launches for M rows of K inputs and N outputs (glu: N per
+    half): the one-row kernel's tuner with the 1024-wide K tiles (K a multiple of 1024) or
+    without, or the rows kernel's tuner with split K (outside torch.compile, N up to
     SPLIT_MAX_N) or without."""
     if M == 1:
-        return _vector_kernel
+        return _vector_wide_kernel if K % 1024 == 0 else _vector_kernel
     if torch.compiler.is_compiling() or N > SPLIT_MAX_N:
         return _rows_glu_kernel if glu else _rows_kernel
     return _rows_split_glu_kernel if glu else _rows_split_kernel

@@ -150,7 +150,7 @@ CASES = {
                                 {"splits": 7, "block_s": 16, "min_blocks": 1, "unroll": 1}),
     "decode-merge-three-a-step": (2, 1, 4, 2, 16, 140, [130, 40], False,
                                   {"splits": 7, "block_s": 16, "min_blocks": 1, "unroll": 3}),
-    # at least 4 blocks a split: 3 splits launched (140 slots), 3 and 1 ran
+    # at least 2 blocks a split: 5 splits launched (140 slots), 5 and 2 ran
     "decode-min-blocks": (2, 1, 4, 2, 16, 140, [130, 40], False, {"block_s": 16}),
 }
 
@@ -249,11 +249,15 @@ def test_bf16_rounding_in_integers_is_torchs():
 
 
 def test_launch_shape_depends_on_shapes_only():
-    # Llama-3.1-8B at batch 1, one input: 8 programs before splitting, 33 splits for 264 programs
-    assert attention.launch_shape(1, 1, 4097, 8, 4, 128, 132, min_blocks=1) == (33, 16, 64, 1)
-    # no more splits than the cache has chunks of MIN_BLOCKS (4) blocks: 4097 slots, 17 of 256
-    assert attention.launch_shape(1, 1, 4097, 8, 4, 128, 132) == (17, 16, 64, 1)
+    # Llama-3.1-8B at batch 1, one input: 8 programs before splitting; one per SM would be 17
+    # splits, MAX_SPLITS (8) caps them
+    assert attention.launch_shape(1, 1, 4097, 8, 4, 128, 132) == (8, 16, 64, 1)
+    assert attention.launch_shape(1, 1, 4097, 8, 4, 128, 132, max_splits=64) == (17, 16, 64, 1)
+    assert attention.launch_shape(8, 9, 4097, 8, 4, 128, 132) == (3, 64, 64, 1)  # 64 programs a split
     assert attention.launch_shape(64, 1, 4097, 8, 4, 128, 132) == (1, 16, 64, 1)
+    # no more splits than the cache has chunks of MIN_BLOCKS (2) blocks: 522 slots, 5 of 128
+    assert attention.launch_shape(1, 1, 522, 8, 4, 128, 132) == (5, 16, 64, 1)
+    assert attention.launch_shape(1, 1, 522, 8, 4, 128, 132, min_blocks=1) == (8, 16, 64, 1)
     assert attention.launch_shape(1, 33, 100, 8, 8, 128, 132, min_blocks=1) == (2, 64, 64, 5)
     assert attention.launch_shape(1, 33, 100, 8, 8, 128, 132) == (1, 64, 64, 5)
     assert attention.launch_shape(1, 1, 4097, 8, 4, 256, 132)[2] == 32

@@ -39,9 +39,10 @@ def _case(fold: str, M: int, K: int = 512, N: int = 40, seed: int = 0):
     return x.to(DEVICE), w.to(DEVICE), {k: v.to(DEVICE) if torch.is_tensor(v) else v for k, v in kw.items()}
 
 
-def _launch(x, w, kw, split_k: int = 1, counts=None):
+def _launch(x, w, kw, split_k: int = 1, counts=None, block_k: int = 256):
     """The kernels at fixed tiles (the interpreter has no autotuner); y as project() returns it.
-    split_k > 1: the rows kernel with K in that many slices, over `counts` (zeros if None)."""
+    split_k > 1: the rows kernel with K in that many slices, over `counts` (zeros if None);
+    block_k: the one-row kernel's K tile."""
     M, K = x.shape
     N = w.shape[0] // 2 if kw.get("glu") else w.shape[0]
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
@@ -49,7 +50,7 @@ def _launch(x, w, kw, split_k: int = 1, counts=None):
     folds = dict(NORM="norm" in kw, GLU=bool(kw.get("glu")), RESIDUAL="residual" in kw)
     if M == 1:
         gemv._vector_kernel.fn[(triton.cdiv(N, 8),)](
-            x, w, y, kw.get("norm", x), r, N, K, 1e-5, **folds, PDL=False, BLOCK_N=8, BLOCK_K=256)
+            x, w, y, kw.get("norm", x), r, N, K, 1e-5, **folds, PDL=False, BLOCK_N=8, BLOCK_K=block_k)
     else:
         parts = torch.full((split_k * 2 * M * N,), float("nan"), device=x.device)  # each slot written before read
         counts = torch.zeros(triton.cdiv(N, 16), dtype=torch.int32, device=x.device) if counts is None else counts
@@ -64,6 +65,16 @@ def test_one_row_kernel_matches_the_torch_composition(fold):
     x, w, kw = _case(fold, M=1)
     expected = gemv.reference(x, w, eps=1e-5, **kw)
     torch.testing.assert_close(_launch(x, w, kw), expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
+
+
+@pytest.mark.parametrize("fold", list(FOLDS))
+def test_one_row_kernel_with_1024_wide_tiles(fold):
+    """The wide tuner's K tile (_WIDE_CONFIGS): K = 2048 in two steps, the peeled first and one
+    of the loop's."""
+    x, w, kw = _case(fold, M=1, K=2048)
+    expected = gemv.reference(x, w, eps=1e-5, **kw)
+    got = _launch(x, w, kw, block_k=1024)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
 
 
 @pytest.mark.parametrize("fold", list(FOLDS))
@@ -96,14 +107,15 @@ def test_split_k_off_picks_the_unsplit_tuner_and_restores():
     """gemv.split_k(False), as the benchmarks time both ways: the rows kernel's unsplit tuner
     inside the block, the split one again after it; an LM head's width (N > SPLIT_MAX_N) and a
     single row never split."""
-    assert gemv.tuner(9, 4096, False) is gemv._rows_split_kernel
-    assert gemv.tuner(9, 14336, True) is gemv._rows_split_glu_kernel
+    assert gemv.tuner(9, 4096, False, 4096) is gemv._rows_split_kernel
+    assert gemv.tuner(9, 14336, True, 4096) is gemv._rows_split_glu_kernel
     with gemv.split_k(False):
-        assert gemv.tuner(9, 4096, False) is gemv._rows_kernel
-        assert gemv.tuner(9, 14336, True) is gemv._rows_glu_kernel
-    assert gemv.tuner(9, 4096, False) is gemv._rows_split_kernel
-    assert gemv.tuner(9, 128256, False) is gemv._rows_kernel
-    assert gemv.tuner(1, 4096, False) is gemv._vector_kernel
+        assert gemv.tuner(9, 4096, False, 4096) is gemv._rows_kernel
+        assert gemv.tuner(9, 14336, True, 4096) is gemv._rows_glu_kernel
+    assert gemv.tuner(9, 4096, False, 4096) is gemv._rows_split_kernel
+    assert gemv.tuner(9, 128256, False, 4096) is gemv._rows_kernel
+    assert gemv.tuner(1, 4096, False, 4096) is gemv._vector_wide_kernel  # 1024-wide K tiles fit
+    assert gemv.tuner(1, 4096, False, 1536) is gemv._vector_kernel
 
 
 def test_split_k_rounds_where_the_torch_composition_rounds():
@@ -203,4 +215,6 @@ def test_kernel_resources_compiles_the_attention_offline(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     rows = json.loads((tmp_path / "kernel_resources.json").read_text())["rows"]
     assert [r["q"] for r in rows] == [1, 9]
-    assert all(0 < r["regs"] <= 255 and r["ctas_per_sm"] >= 1 and r["programs"] == 272 for r in rows), rows
+    # context 4096 at batch 1: 8 prefix splits (attention.MAX_SPLITS) and the new entries' program,
+    # for each of the 8 kv heads
+    assert all(0 < r["regs"] <= 255 and r["ctas_per_sm"] >= 1 and r["programs"] == 72 for r in rows), rows
