@@ -7,8 +7,10 @@ Llama-3.1-8B layer) and specbench.kernels.attention (its launch at 1 and 9 posit
 4096) for one CUDA architecture with the installed Triton, and reads each binary's resources
 with the cuobjdump that ships with Triton: registers a thread, bytes of stack (spills show
 there), shared memory, whether the main loop copies asynchronously (cp.async: software
-pipelined), and the CTAs an SM can hold by those numbers (an estimate from the Hopper limits
-below; the occupancy the hardware reaches can be lower). Needs no GPU: ptxas runs here.
+pipelined), how many global loads come before the pipeline's first copy (a peeled step or a
+pass over x there delays the pipeline's start by its latency), and the CTAs an SM can hold by
+those numbers (an estimate from the Hopper limits below; the occupancy the hardware reaches can
+be lower). Needs no GPU: ptxas runs here.
 
 Pointers are declared 16-byte aligned, as Triton's launcher specializes them on a GPU (without
 that nothing vectorizes or pipelines). What this measures is the compiler, not the kernels'
@@ -55,7 +57,7 @@ PROJECTIONS = {  # name -> (N, K, folds)
 def compile_(fn, types: dict, consts: dict, num_warps: int, num_stages: int, arch: int, **options) -> dict:
     """fn compiled for sm_<arch>: types maps the runtime arguments to Triton types ("*bf16",
     "i32"), consts the compile-time ones. -> registers, stack, shared bytes, cp.async count,
-    CTAs an SM holds."""
+    global loads in the PTX before the first cp.async (None without one), CTAs an SM holds."""
     signature = {name: types.get(name, "i32") for name in fn.arg_names}
     signature.update({name: "constexpr" for name in consts})
     index = fn.arg_names.index
@@ -72,15 +74,19 @@ def compile_(fn, types: dict, consts: dict, num_warps: int, num_stages: int, arc
     shared = kernel.metadata.shared
     per_warp = -(-regs * 32 // 256) * 256
     ctas = min(REGS // (per_warp * num_warps), SMEM // (shared + 1024), WARPS // num_warps, CTAS)
-    return {"regs": regs, "stack": stack, "shared": shared, "cp_async": len(re.findall(r"cp\.async\.c[ag]\.shared", kernel.asm["ptx"])),
+    ptx = kernel.asm["ptx"]
+    copies = list(re.finditer(r"cp\.async\.c[ag]\.shared", ptx))
+    return {"regs": regs, "stack": stack, "shared": shared, "cp_async": len(copies),
+            "loads_before_pipeline": len(re.findall(r"ld\.global", ptx[:copies[0].start()])) if copies else None,
             "ctas_per_sm": ctas}
 
 
-def gemv_rows(arch: int) -> list:
+def gemv_rows(arch: int, names=tuple(PROJECTIONS)) -> list:
     rows = []
     pointers = {name: "*bf16" for name in ("x_ptr", "w_ptr", "y_ptr", "g_ptr", "r_ptr")}
     pointers.update(p_ptr="*fp32", c_ptr="*i32")  # the rows kernel's split-K partials and counts
-    for name, (N, K, folds) in PROJECTIONS.items():
+    for name in names:
+        N, K, folds = PROJECTIONS[name]
         # the tuners project() picks at 1 and 9 rows (the rows one with its split-K tiles)
         kernels = [("vector", gemv.tuner(1, N, folds["GLU"], K)), ("rows", gemv.tuner(9, N, folds["GLU"], K))]
         for kind, tuner in kernels:
@@ -118,24 +124,25 @@ def main(argv=None) -> int:
     ap.add_argument("out", type=Path)
     ap.add_argument("--arch", type=int, default=90, help="compute capability x 10 (90: Hopper)")
     ap.add_argument("--kernels", default="gemv,attention")
+    ap.add_argument("--projections", default=",".join(PROJECTIONS), help="gemv's projections to compile")
     args = ap.parse_args(argv)
     kernels = args.kernels.split(",")
     results = {"arch": f"sm_{args.arch}", "triton": triton.__version__, "host": platform.processor() or platform.machine(),
                "python": platform.python_version(), **provenance.versions(), "git_sha": provenance.git_sha(),
                "date": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S%z"), "note": "compiled offline: no GPU ran",
-               "rows": (gemv_rows(args.arch) if "gemv" in kernels else [])
+               "rows": (gemv_rows(args.arch, args.projections.split(",")) if "gemv" in kernels else [])
                + (attention_rows(args.arch) if "attention" in kernels else [])}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "kernel_resources.json").write_text(json.dumps(results, indent=1))
     print(f"sm_{args.arch}, Triton {results['triton']}, {results['git_sha']}  (compiled offline; CTAs/SM estimated)")
     print(f"{'kernel':12s} {'what':10s} {'tile':>18s} {'regs':>5s} {'stack':>6s} {'smem KB':>8s} {'cp.async':>9s}"
-          f" {'CTAs/SM':>8s} {'programs':>9s}")
+          f" {'loads 1st':>9s} {'CTAs/SM':>8s} {'programs':>9s}")
     for r in results["rows"]:
         what = r.get("projection") or f"q={r['q']}"
         tile = (f"{r['BLOCK_N']}x{r['BLOCK_K']}/{r.get('SPLIT_K', 1)} w{r['num_warps']} s{r['num_stages']}" if "BLOCK_N" in r
                 else f"splits {r['splits']} m{r['BLOCK_M']}")
         print(f"{r['kernel']:12s} {what:10s} {tile:>18s} {r['regs']:5d} {r['stack']:6d} {r['shared'] / 1024:8.1f}"
-              f" {r['cp_async']:9d} {r['ctas_per_sm']:8d} {r['programs']:9d}")
+              f" {r['cp_async']:9d} {str(r['loads_before_pipeline']):>9s} {r['ctas_per_sm']:8d} {r['programs']:9d}")
     return 0
 
 

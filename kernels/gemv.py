@@ -122,6 +122,8 @@ if triton is not None:
         if GLU:
             up = tl.load(w_ptrs + N * K, mask=n_ok[:, None], other=0.0, eviction_policy="evict_first")
         wait_and_release(PDL)  # x (and the residual) are the previous kernel's
+        # the residual now, so that its latency is not the epilogue's (tiny: [BLOCK_N])
+        r = tl.load(r_ptr + rn, mask=n_ok, other=0.0) if RESIDUAL else 0.0
         x_off = rk[None, :]  # [1, BLOCK_K]: x as one row, as the rows kernel tiles it
         x_ok = x_off < K  # all true
         rstd = _rstd(x_ptr, x_off, x_ok, K, eps, BLOCK_K)[:, None] if NORM else 1.0  # [1, 1]
@@ -140,7 +142,7 @@ if triton is not None:
             up = tl.sum(acc_up, axis=1).to(dtype).to(tl.float32)
             y = (y * tl.sigmoid(y)).to(dtype).to(tl.float32) * up
         if RESIDUAL:
-            y = y.to(dtype).to(tl.float32) + tl.load(r_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)
+            y = y.to(dtype).to(tl.float32) + r.to(tl.float32)
         tl.store(y_ptr + rn, y.to(dtype), mask=n_ok)
 
     _VECTOR_KEY = ["N", "K", "NORM", "GLU", "RESIDUAL"]
@@ -173,17 +175,15 @@ if triton is not None:
     _ROWS_KEY = ["ROWS", "N", "K", "NORM", "GLU", "RESIDUAL"]
 
     @triton.jit
-    def _rows_epilogue(acc, acc_up, y_ptr, r_ptr, rm, rn, m_ok, n_ok, N, GLU: tl.constexpr,
-                       RESIDUAL: tl.constexpr):
-        # acc, acc_up: [16, BLOCK_N] fp32 sums of columns rn for rows rm -> y (the folds applied)
+    def _rows_epilogue(acc, acc_up, r, y_ptr, rm, rn, mn_ok, N, GLU: tl.constexpr, RESIDUAL: tl.constexpr):
+        # acc, acc_up: [16, BLOCK_N] fp32 sums of columns rn for rows rm, r: the residual tile
+        # (RESIDUAL) -> y (the folds applied)
         dtype = y_ptr.dtype.element_ty
         y = acc.to(dtype).to(tl.float32)  # rounded like F.linear's output
         if GLU:
             up = acc_up.to(dtype).to(tl.float32)
             y = (y * tl.sigmoid(y)).to(dtype).to(tl.float32) * up
-        mn_ok = m_ok[:, None] & n_ok[None, :]
         if RESIDUAL:
-            r = tl.load(r_ptr + rm[:, None] * N + rn[None, :], mask=mn_ok, other=0.0)  # [16, BLOCK_N]
             y = y.to(dtype).to(tl.float32) + r.to(tl.float32)
         tl.store(y_ptr + rm[:, None] * N + rn[None, :], y.to(dtype), mask=mn_ok)
 
@@ -194,8 +194,13 @@ if triton is not None:
         # x: [M <= 16, K], w: [N, K] (GLU: [2N, K]), y, r: [M, N], g: [K]; K % (SPLIT_K BLOCK_K)
         # == 0; ROWS: the autotuner's key only. Grid (column tiles, SPLIT_K). With SPLIT_K > 1,
         # p: [SPLIT_K, M, N] fp32 partials (GLU: [SPLIT_K, 2, M, N]) and c: [column tiles] int32,
-        # zero. The rows padded to 16 for one tensor-core product a tile; the folds, the first
-        # weight tile before the wait and the first step peeled as in _vector_kernel.
+        # zero. The rows padded to 16 for one tensor-core product a tile.
+        # Nothing is peeled off the loop (unlike _vector_kernel, whose early first tile is for
+        # PDL): the software pipeline's first copies are the first loads a program issues, and the
+        # norm's pass over x runs inside the first step while they stream in. With a peeled first
+        # step the pipeline began only after that step's loads and the pass: in the sm_90 PTX
+        # (Triton 3.9, offline) 69 to 89 global loads came before its first copy for wqkv and w13,
+        # 2 to 20 for wo and w2 (results/2026-12-05-cpu-gemv-pipeline; test_gemv checks it).
         pid = tl.program_id(0)
         ks = tl.program_id(1)
         KC: tl.constexpr = K // SPLIT_K  # this program's slice of K: [ks KC, (ks + 1) KC)
@@ -203,34 +208,33 @@ if triton is not None:
         rk = ks * KC + tl.arange(0, BLOCK_K)  # [BLOCK_K]
         rm = tl.arange(0, 16)  # [16]
         n_ok, m_ok = rn < N, rm < M
+        mn_ok = m_ok[:, None] & n_ok[None, :]
         dtype = y_ptr.dtype.element_ty
         w_ptrs = w_ptr + rn[:, None] * K + rk[None, :]  # [BLOCK_N, BLOCK_K]
         x_off = rm[:, None] * K + rk[None, :]  # [16, BLOCK_K]
         x_ok = m_ok[:, None]
-        w = tl.load(w_ptrs, mask=n_ok[:, None], other=0.0, eviction_policy="evict_first")
-        if GLU:
-            up = tl.load(w_ptrs + N * K, mask=n_ok[:, None], other=0.0, eviction_policy="evict_first")
-        wait_and_release(PDL)
-        # a first pass over the whole of each row of x for its rstd (x is tiny: re-read from
-        # cache), every slice included: the norm rounds h = x rstd before the product
-        if NORM:
-            rstd = _rstd(x_ptr, rm[:, None] * K + tl.arange(0, BLOCK_K)[None, :], x_ok, K, eps, BLOCK_K)[:, None]
-        else:
-            rstd = 1.0
-        x = _x_tile(x_ptr, g_ptr, x_off, rk[None, :], x_ok, rstd, NORM, dtype)  # [16, BLOCK_K]
-        acc = tl.dot(x, tl.trans(w), input_precision=PRECISION)  # [16, BLOCK_N]
-        acc_up = tl.dot(x, tl.trans(up), input_precision=PRECISION) if GLU else acc
-        for k0 in range(BLOCK_K, KC, BLOCK_K):
-            x = _x_tile(x_ptr + k0, g_ptr + k0, x_off, rk[None, :], x_ok, rstd, NORM, dtype)
+        wait_and_release(PDL)  # (PDL applies to one-row forwards only: a no-op here)
+        # the residual tile now, so that its latency is not the epilogue's (tiny: [16, BLOCK_N])
+        r = tl.load(r_ptr + rm[:, None] * N + rn[None, :], mask=mn_ok, other=0.0) if RESIDUAL else 0.0
+        acc = tl.zeros((16, BLOCK_N), tl.float32)
+        acc_up = tl.zeros((16, BLOCK_N), tl.float32)
+        rstd = tl.full((16, 1), 1.0, tl.float32)
+        for k0 in range(0, KC, BLOCK_K):
+            if NORM:
+                if k0 == 0:
+                    # a pass over the whole of each row of x for its rstd (x is tiny: re-read from
+                    # cache), every slice included: the norm rounds h = x rstd before the product
+                    rstd = _rstd(x_ptr, rm[:, None] * K + tl.arange(0, BLOCK_K)[None, :], x_ok, K, eps,
+                                 BLOCK_K)[:, None]
+            x = _x_tile(x_ptr + k0, g_ptr + k0, x_off, rk[None, :], x_ok, rstd, NORM, dtype)  # [16, BLOCK_K]
             w = tl.load(w_ptrs + k0, mask=n_ok[:, None], other=0.0, eviction_policy="evict_first")
-            acc += tl.dot(x, tl.trans(w), input_precision=PRECISION)
+            acc += tl.dot(x, tl.trans(w), input_precision=PRECISION)  # [16, BLOCK_N]
             if GLU:
                 up = tl.load(w_ptrs + N * K + k0, mask=n_ok[:, None], other=0.0, eviction_policy="evict_first")
                 acc_up += tl.dot(x, tl.trans(up), input_precision=PRECISION)
         if SPLIT_K == 1:
-            _rows_epilogue(acc, acc_up, y_ptr, r_ptr, rm, rn, m_ok, n_ok, N, GLU, RESIDUAL)
+            _rows_epilogue(acc, acc_up, r, y_ptr, rm, rn, mn_ok, N, GLU, RESIDUAL)
         else:
-            mn_ok = m_ok[:, None] & n_ok[None, :]
             part = p_ptr + rm[:, None] * N + rn[None, :]  # [16, BLOCK_N] in slice 0, gate half
             slice_size = M * N
             if GLU:
@@ -249,7 +253,7 @@ if triton is not None:
                     acc += tl.load(part + s * slice_size, mask=mn_ok, other=0.0, cache_modifier=".cg")
                     if GLU:
                         acc_up += tl.load(part + s * slice_size + M * N, mask=mn_ok, other=0.0, cache_modifier=".cg")
-                _rows_epilogue(acc, acc_up, y_ptr, r_ptr, rm, rn, m_ok, n_ok, N, GLU, RESIDUAL)
+                _rows_epilogue(acc, acc_up, r, y_ptr, rm, rn, mn_ok, N, GLU, RESIDUAL)
 
     def _k_fits(configs, named_args, **kwargs):
         # the configurations whose slices tile K (K % (SPLIT_K BLOCK_K) == 0; none split: all)

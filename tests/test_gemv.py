@@ -218,3 +218,25 @@ def test_kernel_resources_compiles_the_attention_offline(tmp_path):
     # context 4096 at batch 1: 8 prefix splits (attention.MAX_SPLITS) and the new entries' program,
     # for each of the 8 kv heads
     assert all(0 < r["regs"] <= 255 and r["ctas_per_sm"] >= 1 and r["programs"] == 72 for r in rows), rows
+
+
+def test_rows_kernel_starts_its_pipeline_before_the_norm_pass(tmp_path):
+    """Compiled for sm_90 offline (experiments/kernel_resources.py, no GPU): in every rows-kernel
+    configuration of the two projections with a norm fold (wqkv; w13 with SwiGLU), the software
+    pipeline's first asynchronous copies are the first global loads in the PTX, so that the
+    first weight tiles stream in while the norm's pass over x runs. Before 2026-12-05 a peeled
+    first step and the pass came first: 69 to 89 loads."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "experiments" / "kernel_resources.py"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, str(script), str(tmp_path), "--kernels", "gemv", "--projections", "wqkv,w13"],
+                         capture_output=True, text=True, timeout=900, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = [r for r in json.loads((tmp_path / "kernel_resources.json").read_text())["rows"] if r["kernel"] == "gemv_rows"]
+    assert {r["projection"] for r in rows} == {"wqkv", "w13"}
+    assert all(r["cp_async"] > 0 and r["loads_before_pipeline"] == 0 for r in rows), rows
