@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).parent))
-from engine_bench import LLAMA_8B, TINY, build_hf, copy_bandwidth, median_ms  # noqa: E402
+from engine_bench import LLAMA_8B, TINY, build_hf, copy_bandwidth, median_ms, over_copies  # noqa: E402
 
 from specbench import provenance  # noqa: E402
 from specbench.engines.native import NativeEngine, Transformer  # noqa: E402
@@ -66,19 +66,7 @@ def gemv_table(shape: dict, device, dtype, bandwidth: float, total: int = 1 << 3
                 if impl == "triton" and not gemv.supported(x, ws[0]):
                     continue
                 try:
-                    for w in ws[:2]:
-                        fn(x, w)  # autotune outside the graph
-                    graph = torch.cuda.CUDAGraph() if device.type == "cuda" else None
-                    if graph is not None:
-                        with torch.cuda.graph(graph):
-                            for w in ws:
-                                fn(x, w)
-                        run = graph.replay
-                    else:
-                        def run():
-                            for w in ws:
-                                fn(x, w)
-                    ms = median_ms(run, device, n=5) / copies
+                    ms = median_ms(over_copies(lambda w: fn(x, w), ws, device), device, n=5) / copies
                     row[f"{impl}_us"] = ms * 1e3
                     row[f"{impl}_of_copy_bw"] = size / (ms / 1e3) / bandwidth
                 except Exception as e:
@@ -103,13 +91,7 @@ def gemv_table(shape: dict, device, dtype, bandwidth: float, total: int = 1 << 3
                     (("triton_unsplit", True, False),) if M > 1 else ()):
                 with gemv.split_k(split):
                     fn = lambda x, w: gemv.project(x, w, eps=1e-5, kernel=kernel, **extra)  # noqa: E731
-                    for w in ws[:2]:
-                        fn(x, w)
-                    graph = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(graph):
-                        for w in ws:
-                            fn(x, w)
-                    ms = median_ms(graph.replay, device, n=5) / copies
+                    ms = median_ms(over_copies(lambda w: fn(x, w), ws, device), device, n=5) / copies
                     row[f"{impl}_us"], row[f"{impl}_of_copy_bw"] = ms * 1e3, size / (ms / 1e3) / bandwidth
                     if kernel:
                         y1 = fn(x, ws[0]).float()

@@ -68,6 +68,32 @@ def median_ms(fn, device, n: int, repeats: int = 5, warmup: int = 3) -> float:
     return statistics.median(measure(fn, n) for _ in range(repeats))
 
 
+def over_copies(fn, ws: list, device) -> callable:
+    """A run of fn(w) for each weight copy w in ws (together far larger than L2, so that no call
+    finds its weights in cache), captured in one CUDA graph (a plain loop off CUDA); fn is called
+    on two copies first, so that autotuning stays outside the graph. Time it with median_ms and
+    divide by len(ws)."""
+    for w in ws[:2]:
+        fn(w)
+    if device.type != "cuda":
+        return lambda: [fn(w) for w in ws]
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for w in ws:
+            fn(w)
+    return graph.replay
+
+
+def projections(shape: dict) -> dict:
+    """A decoder layer's projections as the native engine's block calls gemv.project: name ->
+    (N, K, folds), N the weight's rows (with glu both halves), folds what the layer folds in:
+    norm (its RMSNorm before), glu (SwiGLU after), residual (added after)."""
+    D, H = shape["hidden_size"], shape["intermediate_size"]
+    qkv = (shape["num_attention_heads"] + 2 * shape["num_key_value_heads"]) * (D // shape["num_attention_heads"])
+    return {"wqkv": (qkv, D, ("norm",)), "wo": (D, D, ("residual",)), "w13": (2 * H, D, ("norm", "glu")),
+            "w2": (D, H, ("residual",))}
+
+
 def copy_bandwidth(device, gib: float) -> float:
     """Device-to-device copy, bytes read plus bytes written, in bytes/s."""
     n = int(gib * 2**30) // 4

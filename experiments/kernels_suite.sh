@@ -9,6 +9,9 @@
 # fused      engine_bench --parts fused: matmul, PyTorch's fused and the kernel attention over batches
 # profile    decode_profile --q Q (default 9): each projection alone with its folds at 1 and 9 rows,
 #            and the profiler's kernel table of a verify forward of Q positions, kernels or not
+# ab         gemv_ab.py: each projection at 1, 2, 4, 9, 16 rows and the forward at q = 1, 9 with the
+#            gemv module BASELINE (e.g. specbench.kernels._gemv_base after
+#            `git show SHA:kernels/gemv.py > kernels/_gemv_base.py`) and the current one, alternated
 # ncu        Nsight Compute over gemv_ncu.py: each projection once at 1 row, 9 rows (split K where
 #            tuned) and 9 rows unsplit; speed of light, memory, occupancy, warp stalls (OUT/ncu.log)
 # PARTS picks a subset (default: the first five, in that order); each part's log is OUT/<part>.log.
@@ -31,6 +34,8 @@ step() { local name=$1; shift; echo "== $name: $*"; "$@" > "$out/$name.log" 2>&1
 [[ $parts == *" fused "* ]] && step fused "$py" experiments/engine_bench.py "$out/fused" --parts fused "${tiny[@]}"
 [[ $parts == *" profile "* ]] && step profile "$py" experiments/decode_profile.py "$out/profile" --q "${Q:-9}" \
     --variants eager_kernels,eager_kernels_pdl,eager,layer "${tiny[@]}"
+[[ $parts == *" ab "* ]] && step ab "$py" experiments/gemv_ab.py "$out/ab" --baseline "${BASELINE:?PARTS=ab needs BASELINE}" \
+    "${tiny[@]}"
 [[ $parts == *" ncu "* ]] && step ncu ncu --clock-control none --profile-from-start off --section SpeedOfLight \
     --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats --section LaunchStats \
     "$py" experiments/gemv_ncu.py

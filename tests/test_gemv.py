@@ -197,6 +197,33 @@ def test_decode_profile_and_attention_crossover_run_tiny(tmp_path):
     assert [r["rows"] for r in rows] == [1, 4] and all(r["matmul_ms"] > 0 and r["fused_ms"] > 0 for r in rows)
 
 
+def test_gemv_ab_runs_tiny_against_itself(tmp_path):
+    """experiments/gemv_ab.py on a 2-layer model on the CPU, the current module as its own
+    baseline (A/A): a row per projection and row count with both timings, and per q a forward
+    with each module's project whose logits agree exactly (the same function on the same
+    inputs; off CUDA both run the torch composition)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "experiments" / "gemv_ab.py"
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "TRITON_INTERPRET": "1"}
+    out = subprocess.run([sys.executable, str(script), str(tmp_path), "--tiny", "--baseline", "specbench.kernels.gemv",
+                          "--rows", "1,9", "--qs", "1,3", "--rounds", "2"], capture_output=True, text=True, timeout=600,
+                         env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    ab = json.loads((tmp_path / "gemv_ab.json").read_text())
+    assert ab["baseline"] == "specbench.kernels.gemv" and len(ab["baseline_sha256"]) == 64
+    assert [(r["name"], r["M"]) for r in ab["projections"]] == [
+        (name, M) for name in ("wqkv", "wo", "w13", "w2") for M in (1, 9)]
+    assert all(len(r["base_us_all"]) == len(r["current_us_all"]) == 2 and r["current_max_rel_err"] < 1e-6
+               for r in ab["projections"])
+    assert [r["q"] for r in ab["forwards"]] == [1, 3]
+    assert all(r["base_ms"] > 0 and r["current_ms"] > 0 and r["max_abs_logit_diff"] == 0 for r in ab["forwards"])
+
+
 def test_kernel_resources_compiles_the_attention_offline(tmp_path):
     """experiments/kernel_resources.py compiles the attention kernel for sm_90 with the installed
     Triton and reads its registers with Triton's cuobjdump: no GPU needed. Without TRITON_INTERPRET
