@@ -199,7 +199,7 @@ if triton is not None:
         # PDL): the software pipeline's first copies are the first loads a program issues, and the
         # norm's pass over x runs inside the first step while they stream in. With a peeled first
         # step the pipeline began only after that step's loads and the pass: in the sm_90 PTX
-        # (Triton 3.9, offline) 69 to 89 global loads came before its first copy for wqkv and w13,
+        # (Triton 3.9, offline) 35 to 89 global loads came before its first copy for wqkv and w13,
         # 2 to 20 for wo and w2 (results/2026-12-05-cpu-gemv-pipeline; test_gemv checks it).
         pid = tl.program_id(0)
         ks = tl.program_id(1)

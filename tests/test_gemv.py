@@ -252,7 +252,7 @@ def test_rows_kernel_starts_its_pipeline_before_the_norm_pass(tmp_path):
     configuration of the two projections with a norm fold (wqkv; w13 with SwiGLU), the software
     pipeline's first asynchronous copies are the first global loads in the PTX, so that the
     first weight tiles stream in while the norm's pass over x runs. Before 2026-12-05 a peeled
-    first step and the pass came first: 69 to 89 loads."""
+    first step and the pass came first: 35 to 89 loads."""
     import json
     import os
     import subprocess
