@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).parent))
-from engine_bench import LLAMA_8B, TINY, build_hf, copy_bandwidth, median_ms, over_copies  # noqa: E402
+from engine_bench import LLAMA_8B, TINY, build_hf, copy_bandwidth, median_ms, over_copies, projections  # noqa: E402
 
 from specbench import provenance  # noqa: E402
 from specbench.engines.native import NativeEngine, Transformer  # noqa: E402
@@ -50,10 +50,8 @@ VARIANTS = {
 
 
 def gemv_table(shape: dict, device, dtype, bandwidth: float, total: int = 1 << 30) -> list:
-    D, H, V = shape["hidden_size"], shape["intermediate_size"], shape["vocab_size"]
-    hd = D // shape["num_attention_heads"]
-    mats = {"wqkv": (D + 2 * shape["num_key_value_heads"] * hd, D), "wo": (D, D), "w13": (2 * H, D),
-            "w2": (D, H), "output": (V, D)}
+    mats = {name: (N, K) for name, (N, K, _) in projections(shape).items()}
+    mats["output"] = (shape["vocab_size"], shape["hidden_size"])
     rows = []
     for name, (N, K) in mats.items():
         size = N * K * 2

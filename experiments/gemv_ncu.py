@@ -20,23 +20,19 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from engine_bench import LLAMA_8B  # noqa: E402
+from engine_bench import LLAMA_8B, projections  # noqa: E402
 
 from specbench.kernels import gemv  # noqa: E402
 
 
 def cases(device, dtype):
-    D, H = LLAMA_8B["hidden_size"], LLAMA_8B["intermediate_size"]
-    hd = D // LLAMA_8B["num_attention_heads"]
-    qkv = D + 2 * LLAMA_8B["num_key_value_heads"] * hd
-    for name, (N, K), folds in (("wqkv", (qkv, D), "norm"), ("wo", (D, D), "residual"),
-                                ("w13", (2 * H, D), "glu"), ("w2", (D, H), "residual")):
+    for name, (N, K, folds) in projections(LLAMA_8B).items():
         w = torch.randn(N, K, device=device, dtype=dtype) / K**0.5
-        out = N // 2 if folds == "glu" else N
+        out = N // 2 if "glu" in folds else N
         for M, split in ((1, True), (9, True), (9, False)):
             x = torch.randn(M, K, device=device, dtype=dtype)
-            kw = {"residual": torch.randn(M, out, device=device, dtype=dtype)} if folds == "residual" else {
-                "norm": torch.randn(K, device=device, dtype=dtype), "glu": folds == "glu"}
+            kw = {"residual": torch.randn(M, out, device=device, dtype=dtype)} if "residual" in folds else {
+                "norm": torch.randn(K, device=device, dtype=dtype), "glu": "glu" in folds}
             yield f"{name} M={M}" + ("" if split else " unsplit"), x, w, kw, split, out
 
 

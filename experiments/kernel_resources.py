@@ -36,22 +36,16 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from engine_bench import LLAMA_8B  # noqa: E402  (experiments/ is on sys.path as a script)
+from engine_bench import LLAMA_8B, projections  # noqa: E402  (experiments/ is on sys.path as a script)
 from specbench import provenance  # noqa: E402
 from specbench.kernels import attention, gemv  # noqa: E402
 
 # Hopper (sm_90) per SM: 64 K registers (allocated per warp in units of 256), 228 KB of shared
 # memory (1 KB of it reserved per CTA), 64 warps, 32 CTAs
 REGS, SMEM, WARPS, CTAS = 65536, 233472, 64, 32
-D, HIDDEN, HEADS, KV_HEADS = (LLAMA_8B[k] for k in ("hidden_size", "intermediate_size", "num_attention_heads",
-                                                     "num_key_value_heads"))
+D, HEADS, KV_HEADS = (LLAMA_8B[k] for k in ("hidden_size", "num_attention_heads", "num_key_value_heads"))
 HD = D // HEADS
-PROJECTIONS = {  # name -> (N, K, folds)
-    "wqkv": ((HEADS + 2 * KV_HEADS) * HD, D, dict(NORM=True, GLU=False, RESIDUAL=False)),
-    "wo": (D, HEADS * HD, dict(NORM=False, GLU=False, RESIDUAL=True)),
-    "w13": (HIDDEN, D, dict(NORM=True, GLU=True, RESIDUAL=False)),
-    "w2": (D, HIDDEN, dict(NORM=False, GLU=False, RESIDUAL=True)),
-}
+PROJECTIONS = projections(LLAMA_8B)
 
 
 def compile_(fn, types: dict, consts: dict, num_warps: int, num_stages: int, arch: int, **options) -> dict:
@@ -86,12 +80,15 @@ def gemv_rows(arch: int, names=tuple(PROJECTIONS)) -> list:
     pointers = {name: "*bf16" for name in ("x_ptr", "w_ptr", "y_ptr", "g_ptr", "r_ptr")}
     pointers.update(p_ptr="*fp32", c_ptr="*i32")  # the rows kernel's split-K partials and counts
     for name in names:
-        N, K, folds = PROJECTIONS[name]
+        rows_w, K, folds = PROJECTIONS[name]
+        glu = "glu" in folds
+        N = rows_w // 2 if glu else rows_w  # the kernels take N per half with glu
+        flags = dict(NORM="norm" in folds, GLU=glu, RESIDUAL="residual" in folds)
         # the tuners project() picks at 1 and 9 rows (the rows one with its split-K tiles)
-        kernels = [("vector", gemv.tuner(1, N, folds["GLU"], K)), ("rows", gemv.tuner(9, N, folds["GLU"], K))]
+        kernels = [("vector", gemv.tuner(1, N, glu, K)), ("rows", gemv.tuner(9, N, glu, K))]
         for kind, tuner in kernels:
             for config in gemv._k_fits(tuner.configs, {"K": K}):  # as the autotuner prunes them
-                consts = dict(K=K, PDL=False, **folds, **config.kwargs)
+                consts = dict(K=K, PDL=False, **flags, **config.kwargs)
                 if kind == "rows":
                     consts["PRECISION"] = "tf32"
                 row = {"kernel": f"gemv_{kind}", "projection": name, "N": N, "K": K, **config.kwargs,
