@@ -8,8 +8,10 @@
   m. memory: batch 48 at context 4096 (weights, KV cache, peak) and its decode step.
   fused: the decode step with matmul against fused attention over batches and contexts.
 
-    python experiments/engine_bench.py OUT [--parts a,b,m] [--kernels] [--tiny]
+    python experiments/engine_bench.py OUT [--parts a,b,m] [--kernels] [--shape smollm2] [--tiny]
 
+--shape smollm2 times SmolLM2-135M's shape instead (the default model, random weights: no carry),
+where a step is kernel launches more than weight bytes and the floor says little.
 --tiny runs every code path on a 2-layer model (CPU is fine) to check the script, not to time.
 Writes OUT/engine_bench.json (every number, with provenance) and prints a table last.
 Timing: CUDA events around many steps after warm-up, the median of several repeats.
@@ -37,6 +39,12 @@ LLAMA_8B = dict(
     rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
                       original_max_position_embeddings=8192),
 )
+SMOLLM2_135M = dict(  # HuggingFaceTB/SmolLM2-135M-Instruct's config: the default model
+    vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+    num_key_value_heads=3, max_position_embeddings=8192, rope_theta=100000.0, rms_norm_eps=1e-5,
+    tie_word_embeddings=True,
+)
+SHAPES = {"llama8b": LLAMA_8B, "smollm2": SMOLLM2_135M}
 TINY = dict(LLAMA_8B, vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2)
 
@@ -268,16 +276,19 @@ def main(argv=None) -> int:
     ap.add_argument("--parts", default="a,b,m",
                     help="a, b, m, fused (the attention crossover); autotune and model add a's "
                          "max-autotune variants (one layer, the whole forward)")
-    ap.add_argument("--tiny", action="store_true")
+    ap.add_argument("--shape", default="llama8b", choices=list(SHAPES))
+    ap.add_argument("--tiny", action="store_true", help="a 2-layer model, few steps: checks the script")
     ap.add_argument("--qs", default="1-33", help="b's positions per forward: a range A-B or a list (1,9: the goal's pair alone)")
     ap.add_argument("--kernels", action="store_true",
                     help="engine.kernels: a adds each native variant with the kernels beside it; b and m run with them, in eager layers")
+    ap.add_argument("--b-without-kernels", action="store_true",
+                    help="with --kernels: b also times each curve without them (compiled layers, as the runner's rows ran)")
     args = ap.parse_args(argv)
     kernels = args.kernels
     parts = set(args.parts.split(","))
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    shape = TINY if args.tiny else LLAMA_8B
+    shape = TINY if args.tiny else SHAPES[args.shape]
     steps = 5 if args.tiny else 50
     ctx = 64 if args.tiny else 512
     import importlib.metadata
@@ -291,6 +302,7 @@ def main(argv=None) -> int:
     results = {"device": provenance.device_name(device), "torch": torch.__version__,
                "transformers": transformers.__version__, "triton": triton_version,
                "git_sha": provenance.git_sha(), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+               "shape_name": "tiny" if args.tiny else args.shape,
                "shape": {k: v for k, v in shape.items() if k != "rope_scaling"}, "dtype": str(dtype), "ctx": ctx,
                "kernels": kernels}
     model = build_hf(shape, device, dtype)
@@ -322,6 +334,9 @@ def main(argv=None) -> int:
             # with the kernels, eager layers: as fast as compiled ones (a), and no compile per q
             attempt(results, f"verify_ctx{c}",
                     lambda: verify_curve(native, c, device, not kernels, qs, max(steps // 2, 1), kernels), args.out)
+            if kernels and args.b_without_kernels:
+                attempt(results, f"verify_ctx{c}_torch",
+                        lambda: verify_curve(native, c, device, True, qs, max(steps // 2, 1)), args.out)
     if "m" in parts:
         attempt(results, "memory_batch48_ctx4096",
                 lambda: memory_batch48(native, 128 if args.tiny else 4096, device, 48, steps, not kernels, kernels),
@@ -343,7 +358,7 @@ def main(argv=None) -> int:
 
 def print_table(r: dict) -> None:
     floor = r["floor_ms"]
-    print(f"\n{r['device']}  torch {r['torch']}  transformers {r['transformers']}  {r['date']}  sha {r['git_sha']}")
+    print(f"\n{r.get('shape_name', 'llama8b')} shape, {r['device']}  torch {r['torch']}  transformers {r['transformers']}  {r['date']}  sha {r['git_sha']}")
     print(f"weights {r['weight_bytes'] / 1e9:.2f} GB, copy bandwidth {r['copy_bandwidth'] / 1e12:.2f} TB/s, floor {floor:.2f} ms")
     print("a. decode at batch 1                     ms/token   x floor")
     native_keys = ("native_graphs", "native_graphs_kernels", "native_graphs_kernels_pdl", "native_compiled_graphs",

@@ -1,16 +1,18 @@
 """Issue 6: what the compiler makes of the decode kernels, without a GPU.
 
-    python experiments/kernel_resources.py OUT [--arch 90] [--kernels gemv,attention]
+    python experiments/kernel_resources.py OUT [--arch 90] [--kernels gemv,attention] [--shape smollm2]
 
 Compiles specbench.kernels.gemv (each of its tile configurations, for each projection of a
-Llama-3.1-8B layer) and specbench.kernels.attention (its launch at 1 and 9 positions, context
-4096) for one CUDA architecture with the installed Triton, and reads each binary's resources
-with the cuobjdump that ships with Triton: registers a thread, bytes of stack (spills show
-there), shared memory, whether the main loop copies asynchronously (cp.async: software
-pipelined), how many global loads come before the pipeline's first copy (a peeled step or a
-pass over x there delays the pipeline's start by its latency), and the CTAs an SM can hold by
-those numbers (an estimate from the Hopper limits below; the occupancy the hardware reaches can
-be lower). Needs no GPU: ptxas runs here.
+Llama-3.1-8B layer, or of SmolLM2-135M's with --shape smollm2) and specbench.kernels.attention
+(its launch at 1 and 9 positions, context 4096) for one CUDA architecture with the installed
+Triton, and reads each binary's resources with the cuobjdump that ships with Triton: registers
+a thread, bytes of stack (spills show there), shared memory, whether the main loop copies
+asynchronously (cp.async: software pipelined), how many global loads come before the
+pipeline's first copy (a peeled step or a pass over x there delays the pipeline's start by its
+latency), the CTAs an SM can hold by those numbers (an estimate from the Hopper limits below;
+the occupancy the hardware reaches can be lower), and a digest of the PTX without its line
+numbers (ptx_digest: equal where two commits compile a kernel alike). Needs no GPU: ptxas runs
+here.
 
 Pointers are declared 16-byte aligned, as Triton's launcher specializes them on a GPU (without
 that nothing vectorizes or pipelines). What this measures is the compiler, not the kernels'
@@ -22,6 +24,7 @@ Writes OUT/kernel_resources.json (with Triton's version, git SHA, date) and prin
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import platform
 import re
@@ -36,22 +39,20 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from engine_bench import LLAMA_8B, projections  # noqa: E402  (experiments/ is on sys.path as a script)
+from engine_bench import SHAPES, projections  # noqa: E402  (experiments/ is on sys.path as a script)
 from specbench import provenance  # noqa: E402
 from specbench.kernels import attention, gemv  # noqa: E402
 
 # Hopper (sm_90) per SM: 64 K registers (allocated per warp in units of 256), 228 KB of shared
 # memory (1 KB of it reserved per CTA), 64 warps, 32 CTAs
 REGS, SMEM, WARPS, CTAS = 65536, 233472, 64, 32
-D, HEADS, KV_HEADS = (LLAMA_8B[k] for k in ("hidden_size", "num_attention_heads", "num_key_value_heads"))
-HD = D // HEADS
-PROJECTIONS = projections(LLAMA_8B)
 
 
 def compile_(fn, types: dict, consts: dict, num_warps: int, num_stages: int, arch: int, **options) -> dict:
     """fn compiled for sm_<arch>: types maps the runtime arguments to Triton types ("*bf16",
     "i32"), consts the compile-time ones. -> registers, stack, shared bytes, cp.async count,
-    global loads in the PTX before the first cp.async (None without one), CTAs an SM holds."""
+    global loads in the PTX before the first cp.async (None without one), CTAs an SM holds, and
+    a digest of the PTX without its debug lines (.loc, .file: source lines), equal for equal code."""
     signature = {name: types.get(name, "i32") for name in fn.arg_names}
     signature.update({name: "constexpr" for name in consts})
     index = fn.arg_names.index
@@ -72,15 +73,25 @@ def compile_(fn, types: dict, consts: dict, num_warps: int, num_stages: int, arc
     copies = list(re.finditer(r"cp\.async\.c[ag]\.shared", ptx))
     return {"regs": regs, "stack": stack, "shared": shared, "cp_async": len(copies),
             "loads_before_pipeline": len(re.findall(r"ld\.global", ptx[:copies[0].start()])) if copies else None,
-            "ctas_per_sm": ctas}
+            "ctas_per_sm": ctas, "ptx_sha": ptx_digest(ptx)}
 
 
-def gemv_rows(arch: int, names=tuple(PROJECTIONS)) -> list:
+def ptx_digest(ptx: str) -> str:
+    """12 hex digits of the PTX's sha256 without what moves with the source's line numbers (the
+    .loc / .file lines, comments, the DWARF sections from the first .section on): two commits
+    compile a kernel alike where these match."""
+    code = ptx.split("\t.section", 1)[0]
+    code = [line for line in code.splitlines() if not re.match(r"\s*(\.loc|\.file|//)", line)]
+    return hashlib.sha256("\n".join(code).encode()).hexdigest()[:12]
+
+
+def gemv_rows(arch: int, shape: dict, names=None) -> list:
     rows = []
     pointers = {name: "*bf16" for name in ("x_ptr", "w_ptr", "y_ptr", "g_ptr", "r_ptr")}
     pointers.update(p_ptr="*fp32", c_ptr="*i32")  # the rows kernel's split-K partials and counts
-    for name in names:
-        rows_w, K, folds = PROJECTIONS[name]
+    layer = projections(shape)
+    for name in names or layer:
+        rows_w, K, folds = layer[name]
         glu = "glu" in folds
         N = rows_w // 2 if glu else rows_w  # the kernels take N per half with glu
         flags = dict(NORM="norm" in folds, GLU=glu, RESIDUAL="residual" in folds)
@@ -100,11 +111,12 @@ def gemv_rows(arch: int, names=tuple(PROJECTIONS)) -> list:
     return rows
 
 
-def attention_rows(arch: int, S: int = 4096) -> list:
+def attention_rows(arch: int, shape: dict, S: int = 4096) -> list:
     rows = []
     types = {name: "*bf16" for name in ("qkv_ptr", "cos_ptr", "sin_ptr", "k_ptr", "v_ptr", "o_ptr")}
     types.update(len_ptr="*i64", anc_ptr="*i8", m_ptr="*fp32", l_ptr="*fp32", acc_ptr="*fp32", cnt_ptr="*i32")
-    G = HEADS // KV_HEADS
+    HEADS, KV_HEADS = shape["num_attention_heads"], shape["num_key_value_heads"]
+    G, HD = HEADS // KV_HEADS, shape["hidden_size"] // HEADS
     for q in (1, 9):
         splits, block_m, block_s, tiles = attention.launch_shape(1, q, S, KV_HEADS, G, HD, 132)
         consts = dict(attention.constants(q, HEADS, KV_HEADS, HD, splits, block_m, block_s, fp32=False),
@@ -121,17 +133,21 @@ def main(argv=None) -> int:
     ap.add_argument("out", type=Path)
     ap.add_argument("--arch", type=int, default=90, help="compute capability x 10 (90: Hopper)")
     ap.add_argument("--kernels", default="gemv,attention")
-    ap.add_argument("--projections", default=",".join(PROJECTIONS), help="gemv's projections to compile")
+    ap.add_argument("--shape", default="llama8b", choices=list(SHAPES))
+    ap.add_argument("--projections", default="wqkv,wo,w13,w2", help="gemv's projections to compile")
     args = ap.parse_args(argv)
+    shape = SHAPES[args.shape]
     kernels = args.kernels.split(",")
     results = {"arch": f"sm_{args.arch}", "triton": triton.__version__, "host": platform.processor() or platform.machine(),
                "python": platform.python_version(), **provenance.versions(), "git_sha": provenance.git_sha(),
                "date": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S%z"), "note": "compiled offline: no GPU ran",
-               "rows": (gemv_rows(args.arch, args.projections.split(",")) if "gemv" in kernels else [])
-               + (attention_rows(args.arch) if "attention" in kernels else [])}
+               "shape": args.shape,
+               "rows": (gemv_rows(args.arch, shape, args.projections.split(",")) if "gemv" in kernels else [])
+               + (attention_rows(args.arch, shape) if "attention" in kernels else [])}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "kernel_resources.json").write_text(json.dumps(results, indent=1))
-    print(f"sm_{args.arch}, Triton {results['triton']}, {results['git_sha']}  (compiled offline; CTAs/SM estimated)")
+    print(f"{args.shape} shape, sm_{args.arch}, Triton {results['triton']}, {results['git_sha']}"
+          "  (compiled offline; CTAs/SM estimated)")
     print(f"{'kernel':12s} {'what':10s} {'tile':>18s} {'regs':>5s} {'stack':>6s} {'smem KB':>8s} {'cp.async':>9s}"
           f" {'loads 1st':>9s} {'CTAs/SM':>8s} {'programs':>9s}")
     for r in results["rows"]:

@@ -12,6 +12,8 @@
 # ab         gemv_ab.py: each projection at 1, 2, 4, 9, 16 rows and the forward at q = 1, 9 with the
 #            gemv module BASELINE (e.g. specbench.kernels._gemv_base after
 #            `git show SHA:kernels/gemv.py > kernels/_gemv_base.py`) and the current one, alternated
+# smollm2    engine_bench --shape smollm2 --parts a,b --kernels --b-without-kernels: the default
+#            model's shape (random weights, no carry), decode and t(q) with the kernels and without
 # ncu        Nsight Compute over gemv_ncu.py: each projection once at 1 row, 9 rows (split K where
 #            tuned) and 9 rows unsplit; speed of light, memory, occupancy, warp stalls (OUT/ncu.log)
 # PARTS picks a subset (default: the first five, in that order); each part's log is OUT/<part>.log.
@@ -36,6 +38,8 @@ step() { local name=$1; shift; echo "== $name: $*"; "$@" > "$out/$name.log" 2>&1
     --variants eager_kernels,eager_kernels_pdl,eager,layer "${tiny[@]}"
 [[ $parts == *" ab "* ]] && step ab "$py" experiments/gemv_ab.py "$out/ab" --baseline "${BASELINE:?PARTS=ab needs BASELINE}" \
     "${tiny[@]}"
+[[ $parts == *" smollm2 "* ]] && step smollm2 "$py" experiments/engine_bench.py "$out/smollm2" --shape smollm2 \
+    --parts a,b --kernels --b-without-kernels --qs 1,2,3,4,5,9,16 "${tiny[@]}"
 [[ $parts == *" ncu "* ]] && step ncu ncu --clock-control none --profile-from-start off --section SpeedOfLight \
     --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats --section LaunchStats \
     "$py" experiments/gemv_ncu.py

@@ -9,17 +9,18 @@ computes a decoder layer's projections with what surrounds them folded in, one k
     residual   y = r + x W^T                  the residual add as an epilogue
 
 and falls back to the same composition in torch wherever the kernels do not apply (CPU, a
-bias, more than 16 rows, odd widths): one function is both the kernels' entry and their
+bias, more than 16 rows, mixed dtypes): one function is both the kernels' entry and their
 reference. Both kernels take every fold, so a speculative verify forward (2 to 16 positions, or
 a few rows) runs each projection in one kernel as a decode step does. The kernels round to the
 input dtype wherever the torch composition does, so the two agree to the last bit but for the
 order of the fp32 sums (fp32 inputs multiply in full precision: tl.dot without TF32).
 
 One program owns BLOCK_N output columns (rows of W; with glu the matching rows of both
-halves) and walks K in BLOCK_K tiles. One input row keeps a [BLOCK_N, BLOCK_K] fp32 partial
-sum reduced once at the end; 2 to 16 rows are padded to 16 for a tensor-core product into a
-[16, BLOCK_N] fp32 sum (with glu a second one for the up half), with the norm's per-row rstd
-from a first pass over x.
+halves) and walks K in BLOCK_K tiles, the last one masked where BLOCK_K does not divide K
+(SmolLM2-135M's 576; the 8B shape's widths compile as without the mask). One input row keeps
+a [BLOCK_N, BLOCK_K] fp32 partial sum reduced once at the end; 2 to 16 rows are padded to 16
+for a tensor-core product into a [16, BLOCK_N] fp32 sum (with glu a second one for the up
+half), with the norm's per-row rstd from a first pass over x.
 
 Split K (rows kernel, SPLIT_K > 1 in its tile configurations). Every program re-reads its
 slice of x, so a program's bytes are BLOCK_N weight rows plus M rows of x: with 9 rows and
@@ -81,35 +82,50 @@ if triton is not None:
                      for bn in (4, 8) for w in (4, 8)]
 
     @triton.jit
-    def _rstd(x_ptr, x_off, x_ok, K: tl.constexpr, eps, BLOCK_K: tl.constexpr):
-        # x_off: the offsets of an [R, BLOCK_K] tile of x at k = 0, x_ok: its row mask -> rstd: [R]
-        # (1 / eps ** 0.5 on masked rows). Unrolled, so that the loads from L2 may overlap: on the
-        # 8B shape's wqkv (H200, results/2026-12-03-h200-night) the norm fold cost 2.4 us at one
-        # row and 5.1 us at 9 rows as a loop, 1.1 and 2.2 us unrolled (single runs, about 1 us
-        # of noise).
+    def _in_k(ok, cols, K: tl.constexpr, BLOCK_K: tl.constexpr):
+        # A tile's mask: ok (its rows, [R, 1]) where BLOCK_K divides K, so that those kernels
+        # compile as without this; else ok & cols < K, cols [1, BLOCK_K] the tile's columns of K
+        # (the last tile overhangs K: SmolLM2-135M's 576 in 256-wide tiles).
+        if K % BLOCK_K != 0:
+            ok = ok & (cols < K)
+        return ok
+
+    @triton.jit
+    def _rstd(x_ptr, x_off, x_ok, cols, K: tl.constexpr, eps, BLOCK_K: tl.constexpr):
+        # x_off: the offsets of an [R, BLOCK_K] tile of x at k = 0, x_ok: its row mask, cols: its
+        # columns [1, BLOCK_K] -> rstd: [R] (1 / eps ** 0.5 on masked rows). Unrolled, so that
+        # the loads from L2 may overlap: on the 8B shape's wqkv (H200, results/2026-12-03-h200-night)
+        # the norm fold cost 2.4 us at one row and 5.1 us at 9 rows as a loop, 1.1 and 2.2 us
+        # unrolled (single runs, about 1 us of noise).
         ss = tl.zeros(x_off.shape, dtype=tl.float32)
         for k0 in tl.static_range(0, K, BLOCK_K):
-            v = tl.load(x_ptr + k0 + x_off, mask=x_ok, other=0.0).to(tl.float32)
+            v = tl.load(x_ptr + k0 + x_off, mask=_in_k(x_ok, k0 + cols, K, BLOCK_K), other=0.0).to(tl.float32)
             ss += v * v
         return tl.rsqrt(tl.sum(ss, axis=1) / K + eps)
 
     @triton.jit
-    def _x_tile(x_ptr, g_ptr, x_off, g_off, ok, rstd, NORM: tl.constexpr, dtype: tl.constexpr):
-        # A tile of x at offsets x_off (rows where ok), normalised with rstd where NORM (a scalar,
-        # or [rows, 1]) and rounded as rms_norm rounds: h to the dtype, then times gamma [g_off]
-        # in the dtype.
-        x = tl.load(x_ptr + x_off, mask=ok, other=0.0)
+    def _x_tile(x_ptr, g_ptr, x_off, g_off, ok, cols, rstd, NORM: tl.constexpr, K: tl.constexpr,
+                BLOCK_K: tl.constexpr, dtype: tl.constexpr):
+        # A tile of x at offsets x_off (rows where ok; cols [1, BLOCK_K]: its columns of K, for
+        # the last tile's mask), normalised with rstd where NORM (a scalar, or [rows, 1]) and
+        # rounded as rms_norm rounds: h to the dtype, then times gamma [g_off] in the dtype.
+        x = tl.load(x_ptr + x_off, mask=_in_k(ok, cols, K, BLOCK_K), other=0.0)
         if NORM:
             h = (x.to(tl.float32) * rstd).to(dtype).to(tl.float32)
-            x = (h * tl.load(g_ptr + g_off).to(tl.float32)).to(dtype)
+            if K % BLOCK_K == 0:
+                g = tl.load(g_ptr + g_off)
+            else:
+                g = tl.load(g_ptr + g_off, mask=cols < K, other=0.0)
+            x = (h * g.to(tl.float32)).to(dtype)
         return x
 
     @triton.jit
     def _vector_kernel_fn(x_ptr, w_ptr, y_ptr, g_ptr, r_ptr, N, K: tl.constexpr, eps,
                        NORM: tl.constexpr, GLU: tl.constexpr, RESIDUAL: tl.constexpr, PDL: tl.constexpr,
                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-        # x: [K], w: [N, K] (GLU: [2N, K]), y, r: [N], g: [K]; K % BLOCK_K == 0 (the caller checks).
-        # K is a compile-time constant: a few widths per model, and loops the compiler can unroll.
+        # x: [K], w: [N, K] (GLU: [2N, K]), y, r: [N], g: [K]. K is a compile-time constant: a
+        # few widths per model, loops the compiler can unroll, and the last tile's mask (_in_k)
+        # only where BLOCK_K does not divide K.
         pid = tl.program_id(0)
         rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]
         rk = tl.arange(0, BLOCK_K)  # [BLOCK_K]
@@ -118,24 +134,28 @@ if triton is not None:
         w_ptrs = w_ptr + rn[:, None] * K + rk[None, :]  # [BLOCK_N, BLOCK_K]
         # The first weight tile depends on no earlier kernel: with PDL it streams in while the
         # previous kernel finishes. Then the first step, then the loop over the rest of K.
-        w = tl.load(w_ptrs, mask=n_ok[:, None], other=0.0, eviction_policy="evict_first")
+        x_off = rk[None, :]  # [1, BLOCK_K]: x as one row, as the rows kernel tiles it (and its columns)
+        w_ok = _in_k(n_ok[:, None], x_off, K, BLOCK_K)
+        w = tl.load(w_ptrs, mask=w_ok, other=0.0, eviction_policy="evict_first")
         if GLU:
-            up = tl.load(w_ptrs + N * K, mask=n_ok[:, None], other=0.0, eviction_policy="evict_first")
+            up = tl.load(w_ptrs + N * K, mask=w_ok, other=0.0, eviction_policy="evict_first")
         wait_and_release(PDL)  # x (and the residual) are the previous kernel's
         # the residual now, so that its latency is not the epilogue's (tiny: [BLOCK_N])
         r = tl.load(r_ptr + rn, mask=n_ok, other=0.0) if RESIDUAL else 0.0
-        x_off = rk[None, :]  # [1, BLOCK_K]: x as one row, as the rows kernel tiles it
-        x_ok = x_off < K  # all true
-        rstd = _rstd(x_ptr, x_off, x_ok, K, eps, BLOCK_K)[:, None] if NORM else 1.0  # [1, 1]
-        x = _x_tile(x_ptr, g_ptr, x_off, x_off, x_ok, rstd, NORM, dtype).to(tl.float32)  # [1, BLOCK_K]
+        x_ok = x_off < K  # [1, BLOCK_K]: all true where BLOCK_K divides K
+        rstd = _rstd(x_ptr, x_off, x_ok, x_off, K, eps, BLOCK_K)[:, None] if NORM else 1.0  # [1, 1]
+        x = _x_tile(x_ptr, g_ptr, x_off, x_off, x_ok, x_off, rstd, NORM, K, BLOCK_K, dtype)  # [1, BLOCK_K]
+        x = x.to(tl.float32)
         acc = w.to(tl.float32) * x  # [BLOCK_N, BLOCK_K]
         acc_up = up.to(tl.float32) * x if GLU else acc
         for k0 in range(BLOCK_K, K, BLOCK_K):
-            x = _x_tile(x_ptr + k0, g_ptr + k0, x_off, x_off, x_ok, rstd, NORM, dtype).to(tl.float32)
-            w = tl.load(w_ptrs + k0, mask=n_ok[:, None], other=0.0, eviction_policy="evict_first")
+            x = _x_tile(x_ptr + k0, g_ptr + k0, x_off, x_off, x_ok, k0 + x_off, rstd, NORM, K, BLOCK_K,
+                        dtype).to(tl.float32)
+            w_ok = _in_k(n_ok[:, None], k0 + x_off, K, BLOCK_K)
+            w = tl.load(w_ptrs + k0, mask=w_ok, other=0.0, eviction_policy="evict_first")
             acc += w.to(tl.float32) * x
             if GLU:
-                up = tl.load(w_ptrs + N * K + k0, mask=n_ok[:, None], other=0.0, eviction_policy="evict_first")
+                up = tl.load(w_ptrs + N * K + k0, mask=w_ok, other=0.0, eviction_policy="evict_first")
                 acc_up += up.to(tl.float32) * x
         y = tl.sum(acc, axis=1).to(dtype).to(tl.float32)  # [BLOCK_N], rounded like F.linear's output
         if GLU:
@@ -192,9 +212,10 @@ if triton is not None:
                         PRECISION: tl.constexpr, NORM: tl.constexpr, GLU: tl.constexpr, RESIDUAL: tl.constexpr,
                         PDL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
         # x: [M <= 16, K], w: [N, K] (GLU: [2N, K]), y, r: [M, N], g: [K]; K % (SPLIT_K BLOCK_K)
-        # == 0; ROWS: the autotuner's key only. Grid (column tiles, SPLIT_K). With SPLIT_K > 1,
-        # p: [SPLIT_K, M, N] fp32 partials (GLU: [SPLIT_K, 2, M, N]) and c: [column tiles] int32,
-        # zero. The rows padded to 16 for one tensor-core product a tile.
+        # == 0 with SPLIT_K > 1 (_k_fits), else any K (_in_k); ROWS: the autotuner's key only.
+        # Grid (column tiles, SPLIT_K). With SPLIT_K > 1, p: [SPLIT_K, M, N] fp32 partials (GLU:
+        # [SPLIT_K, 2, M, N]) and c: [column tiles] int32, zero. The rows padded to 16 for one
+        # tensor-core product a tile.
         # Nothing is peeled off the loop (unlike _vector_kernel, whose early first tile is for
         # PDL): the software pipeline's first copies are the first loads a program issues, and the
         # norm's pass over x runs inside the first step while they stream in. With a peeled first
@@ -224,13 +245,15 @@ if triton is not None:
                 if k0 == 0:
                     # a pass over the whole of each row of x for its rstd (x is tiny: re-read from
                     # cache), every slice included: the norm rounds h = x rstd before the product
-                    rstd = _rstd(x_ptr, rm[:, None] * K + tl.arange(0, BLOCK_K)[None, :], x_ok, K, eps,
-                                 BLOCK_K)[:, None]
-            x = _x_tile(x_ptr + k0, g_ptr + k0, x_off, rk[None, :], x_ok, rstd, NORM, dtype)  # [16, BLOCK_K]
-            w = tl.load(w_ptrs + k0, mask=n_ok[:, None], other=0.0, eviction_policy="evict_first")
+                    cols = tl.arange(0, BLOCK_K)[None, :]
+                    rstd = _rstd(x_ptr, rm[:, None] * K + cols, x_ok, cols, K, eps, BLOCK_K)[:, None]
+            x = _x_tile(x_ptr + k0, g_ptr + k0, x_off, rk[None, :], x_ok, k0 + rk[None, :], rstd, NORM, K, BLOCK_K,
+                        dtype)  # [16, BLOCK_K]
+            w_ok = _in_k(n_ok[:, None], k0 + rk[None, :], K, BLOCK_K)
+            w = tl.load(w_ptrs + k0, mask=w_ok, other=0.0, eviction_policy="evict_first")
             acc += tl.dot(x, tl.trans(w), input_precision=PRECISION)  # [16, BLOCK_N]
             if GLU:
-                up = tl.load(w_ptrs + N * K + k0, mask=n_ok[:, None], other=0.0, eviction_policy="evict_first")
+                up = tl.load(w_ptrs + N * K + k0, mask=w_ok, other=0.0, eviction_policy="evict_first")
                 acc_up += tl.dot(x, tl.trans(up), input_precision=PRECISION)
         if SPLIT_K == 1:
             _rows_epilogue(acc, acc_up, r, y_ptr, rm, rn, mn_ok, N, GLU, RESIDUAL)
@@ -256,9 +279,11 @@ if triton is not None:
                 _rows_epilogue(acc, acc_up, r, y_ptr, rm, rn, mn_ok, N, GLU, RESIDUAL)
 
     def _k_fits(configs, named_args, **kwargs):
-        # the configurations whose slices tile K (K % (SPLIT_K BLOCK_K) == 0; none split: all)
+        # the configurations whose slices tile K (K % (SPLIT_K BLOCK_K) == 0); the unsplit ones
+        # all fit, masking their last tile where BLOCK_K does not divide K
         K = named_args["K"] if "K" in named_args else kwargs["K"]
-        return [c for c in configs if K % (c.kwargs.get("SPLIT_K", 1) * c.kwargs["BLOCK_K"]) == 0]
+        split = lambda c: c.kwargs.get("SPLIT_K", 1)  # noqa: E731
+        return [c for c in configs if split(c) == 1 or K % (split(c) * c.kwargs["BLOCK_K"]) == 0]
 
     # Four autotuners over the one kernel. glu's tiles stop at BLOCK_N 32: a program reads BLOCK_N
     # rows of each half (64 would stream 128 weight rows a tile, twice the plain kernel's most, and
@@ -306,10 +331,10 @@ def split_counts(device: torch.device, n: int) -> torch.Tensor:
 
 
 def supported(x: torch.Tensor, w: torch.Tensor) -> bool:
-    """The kernels' domain: CUDA, at most 16 rows, K a multiple of 512, contiguous weights."""
+    """The kernels' domain: CUDA, at most 16 rows, contiguous weights of x's dtype (any K: a
+    width BLOCK_K does not divide masks its last tile)."""
     M = x.numel() // x.shape[-1]
-    return (triton is not None and x.is_cuda and M <= 16 and x.shape[-1] % 512 == 0
-            and w.is_contiguous() and x.dtype == w.dtype)
+    return triton is not None and x.is_cuda and M <= 16 and w.is_contiguous() and x.dtype == w.dtype
 
 
 def project(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor] = None, *,

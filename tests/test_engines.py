@@ -289,37 +289,66 @@ def test_attention_kernel_in_the_engine():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the projection kernels (specbench.kernels.gemv) run on CUDA only")
 @pytest.mark.parametrize("rows", [1, 2])
 @pytest.mark.parametrize("early", [False, True], ids=["serial", "pdl"])
-def test_all_kernels_in_cuda_graphs_match_transformers(rows, early):
-    """engine.kernels where every kernel applies (widths a multiple of 512): the projections with
-    their folds, one row (decode at batch 1) or several (a chain, a batch), attention, all in
-    CUDA graphs, launched one after another or with programmatic dependent launch where it
-    applies (Hopper, one token a forward; specbench.kernels.pdl). fp32 logits within 1e-4 of
-    transformers, after a decode, a chain and a rollback."""
+@pytest.mark.parametrize("width", [512, 576], ids=["tiled", "smollm2"])
+def test_all_kernels_in_cuda_graphs_match_transformers(rows, early, width):
+    """engine.kernels, every kernel in use: the projections with their folds, one row (decode at
+    batch 1) or several (a chain, a batch), attention, all in CUDA graphs, launched one after
+    another or with programmatic dependent launch where it applies (Hopper, one token a forward;
+    specbench.kernels.pdl). Widths that the K tiles divide (512, 4 heads of 128, MLP 1024), and
+    SmolLM2-135M's (576, 9 heads of 64 over 3 key/value heads, MLP 1536), whose last K tile is
+    masked. fp32 logits within 1e-4 of transformers, after a decode, a chain and a rollback."""
     pytest.importorskip("triton", reason="the dev extra installs triton on Linux")
     from specbench.kernels import pdl
     with pdl.enabled(early):  # decided at capture
-        _all_kernels_match_transformers(rows)
+        _all_kernels_match_transformers(rows, width)
 
 
-def _all_kernels_match_transformers(rows):
+def test_all_kernels_at_smollm2_widths_in_the_interpreter(monkeypatch):
+    """The test above's path on CPU through Triton's interpreter, at SmolLM2-135M's widths (every
+    projection's K tiles masked at the end), one row and two: gemv's autotuners, which need a
+    GPU, stand in as one tile each (256-wide K tiles, unsplit); no CUDA graphs on CPU."""
+    pytest.importorskip("triton", reason="the dev extra installs triton on Linux")
+    from specbench.kernels import gemv
+
+    class OneTile:  # an autotuner's launch with one configuration
+        def __init__(self, tuner, **config):
+            self.fn, self.config = tuner.fn, config
+
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: self.fn[grid(self.config)](*args, **kwargs, **self.config)
+
+    one_row = OneTile(gemv._vector_kernel, BLOCK_N=8, BLOCK_K=256)
+    rows_ = OneTile(gemv._rows_kernel, BLOCK_N=16, BLOCK_K=256, SPLIT_K=1)
+    launched = []
+    monkeypatch.setattr(gemv, "supported", lambda x, w: x.numel() // x.shape[-1] <= 16 and x.dtype == w.dtype)
+    monkeypatch.setattr(gemv, "tuner", lambda M, N, glu, K: launched.append((M, K)) or (one_row if M == 1 else rows_))
+    for rows in (1, 2):
+        _all_kernels_match_transformers(rows, 576, vocab=256)
+    assert {K for _, K in launched} == {576, 1536}  # every projection: wqkv, wo, w13 and the head; w2
+    assert {M for M, _ in launched} >= {1, 2, 4, 8}  # decode at 1 and 2 rows, chains of 4 at 1 and 2 rows
+
+
+def _all_kernels_match_transformers(rows, width=512, vocab=1000):
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=1000, hidden_size=512, intermediate_size=1024, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
-    model = LlamaForCausalLM(config).cuda().eval()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    heads, kv_heads, mlp = (4, 2, 1024) if width == 512 else (9, 3, 1536)
+    config = LlamaConfig(vocab_size=vocab, hidden_size=width, intermediate_size=mlp, num_hidden_layers=2,
+                         num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=512)
+    model = LlamaForCausalLM(config).to(device).eval()
     with torch.no_grad():
         for p in model.parameters():
             p.mul_(8.0 if p.dim() > 1 else 1.0)
     engine = NativeEngine(Transformer.from_hf(model), rows, 64, kernels=True)
-    prompts = [torch.tensor([0, 5, 17, 42, 7], device="cuda"), torch.tensor([0, 88], device="cuda")][:rows]
+    prompts = [torch.tensor([0, 5, 17, 42, 7], device=device), torch.tensor([0, 88], device=device)][:rows]
     for row, prompt in enumerate(prompts):
         engine.prefill(row, prompt)
     histories = [p.tolist() for p in prompts]
     for step in ([[3]] * rows, [[3, 4, 5, 6]] * rows, [[9]] * rows):  # decode, chain (keep 2), decode
-        inputs = torch.tensor(step, device="cuda")
+        inputs = torch.tensor(step, device=device)
         logits = engine.forward(inputs)
         with torch.no_grad():
             for row in range(rows):
-                ref = model(torch.tensor(histories[row] + step[row], device="cuda")[None]).logits[0, -len(step[row]):]
+                ref = model(torch.tensor(histories[row] + step[row], device=device)[None]).logits[0, -len(step[row]):]
                 assert rel(logits[row], ref) < 1e-4, (step, row)
         keep = min(2, len(step[0]))
         engine.advance([list(range(keep))] * rows)

@@ -39,10 +39,10 @@ def _case(fold: str, M: int, K: int = 512, N: int = 40, seed: int = 0):
     return x.to(DEVICE), w.to(DEVICE), {k: v.to(DEVICE) if torch.is_tensor(v) else v for k, v in kw.items()}
 
 
-def _launch(x, w, kw, split_k: int = 1, counts=None, block_k: int = 256):
+def _launch(x, w, kw, split_k: int = 1, counts=None, block_k: int = 0):
     """The kernels at fixed tiles (the interpreter has no autotuner); y as project() returns it.
     split_k > 1: the rows kernel with K in that many slices, over `counts` (zeros if None);
-    block_k: the one-row kernel's K tile."""
+    block_k: the K tile (0: 256 for the one-row kernel, 128 for the rows kernel)."""
     M, K = x.shape
     N = w.shape[0] // 2 if kw.get("glu") else w.shape[0]
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
@@ -50,13 +50,13 @@ def _launch(x, w, kw, split_k: int = 1, counts=None, block_k: int = 256):
     folds = dict(NORM="norm" in kw, GLU=bool(kw.get("glu")), RESIDUAL="residual" in kw)
     if M == 1:
         gemv._vector_kernel.fn[(triton.cdiv(N, 8),)](
-            x, w, y, kw.get("norm", x), r, N, K, 1e-5, **folds, PDL=False, BLOCK_N=8, BLOCK_K=block_k)
+            x, w, y, kw.get("norm", x), r, N, K, 1e-5, **folds, PDL=False, BLOCK_N=8, BLOCK_K=block_k or 256)
     else:
         parts = torch.full((split_k * 2 * M * N,), float("nan"), device=x.device)  # each slot written before read
         counts = torch.zeros(triton.cdiv(N, 16), dtype=torch.int32, device=x.device) if counts is None else counts
         gemv._rows_kernel.fn[(triton.cdiv(N, 16), split_k)](
             x, w, y, kw.get("norm", x), r, parts, counts, M, 16, N, K, 1e-5, "ieee", **folds, PDL=False,
-            BLOCK_N=16, BLOCK_K=128, SPLIT_K=split_k)
+            BLOCK_N=16, BLOCK_K=block_k or 128, SPLIT_K=split_k)
     return y
 
 
@@ -84,6 +84,28 @@ def test_few_rows_kernel_matches_the_torch_composition(fold, M):
     expected = gemv.reference(x, w, eps=1e-5, **kw)
     tol = 5e-3 if CUDA else 1e-5  # see the module docstring
     torch.testing.assert_close(_launch(x, w, kw), expected, rtol=tol, atol=tol * expected.abs().max().item())
+
+
+@pytest.mark.parametrize("fold", list(FOLDS))
+@pytest.mark.parametrize("M, K, block_k", [(1, 576, 256), (1, 192, 256), (9, 576, 256), (9, 96, 128)])
+def test_kernels_mask_the_last_tile_where_block_k_does_not_divide_k(fold, M, K, block_k):
+    """SmolLM2-135M's width, 576, in 256-wide tiles (the last one reaches 192 past K), and a K
+    narrower than one tile. Unmasked, the columns past K would be the next row's weights and x
+    (the last row's past the end, here random too: each tensor sits at the start of a larger
+    one), so a missing mask moves these sums by about their own size; the norm's rstd must
+    cover exactly K. fp32: relative 1e-5, as the tiling tests above."""
+    def overhung(t):  # t at the start of a random buffer 256 elements longer
+        buf = torch.randn(t.numel() + 256, generator=torch.Generator().manual_seed(1)).to(t.device)
+        buf[:t.numel()] = t.flatten()
+        return buf[:t.numel()].view(t.shape)
+
+    x, w, kw = _case(fold, M=M, K=K)
+    x, w = overhung(x), overhung(w)
+    if "norm" in kw:
+        kw["norm"] = overhung(kw["norm"])
+    expected = gemv.reference(x, w, eps=1e-5, **kw)
+    got = _launch(x, w, kw, block_k=block_k)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
 
 
 @pytest.mark.parametrize("fold", list(FOLDS))
@@ -143,7 +165,7 @@ def test_kernels_round_where_the_torch_composition_rounds(fold, M):
 
 
 def test_project_falls_back_outside_the_kernels_domain():
-    """CPU tensors, a bias, 17 rows, K not a multiple of 512, a residual to broadcast: the
+    """CPU tensors, a bias, 17 rows, a residual to broadcast, weights of another dtype: the
     torch composition itself (on a GPU, folds on 3 rows take the kernel instead)."""
     x, w, kw = _case("glu", M=3)
     x, w, kw = x.cpu(), w.cpu(), {k: (v.cpu() if torch.is_tensor(v) else v) for k, v in kw.items()}
@@ -157,7 +179,7 @@ def test_project_falls_back_outside_the_kernels_domain():
     x17, _, _ = _case("plain", M=17)
     assert not gemv.supported(x17, w)
     assert torch.equal(gemv.project(x17, w), gemv.reference(x17, w))
-    assert not gemv.supported(torch.randn(1, 500), torch.randn(8, 500))
+    assert not gemv.supported(x[:1], w.double())
 
 
 @pytest.mark.skipif(not CUDA, reason="the autotuned launch needs a GPU; the kernels run above through the interpreter")
