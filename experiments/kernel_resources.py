@@ -14,10 +14,15 @@ the occupancy the hardware reaches can be lower), and a digest of the PTX withou
 numbers (ptx_digest: equal where two commits compile a kernel alike). Needs no GPU: ptxas runs
 here.
 
-Pointers are declared 16-byte aligned, as Triton's launcher specializes them on a GPU (without
-that nothing vectorizes or pipelines). What this measures is the compiler, not the kernels'
-speed, and it is the installed Triton's: the H200 machines' Triton may compile differently.
-Run it without TRITON_INTERPRET (the interpreter replaces the kernels it compiles).
+Every argument is specialised as Triton's launcher specialises a GPU launch, by Triton's own
+function (`launch_signature`): pointers 16-byte aligned, integers that 16 divides declared so,
+an integer of 1 a constant. Without that nothing vectorizes or pipelines: until 2026-12-05 this
+script declared only the pointers, and the attention kernel's prefix loop (its cache strides
+undeclared) compiled with no cp.async. gemv's arguments are built as `project` passes them; the
+attention kernel's are recorded from `attention.decode` itself.
+
+What this measures is the compiler, not the kernels' speed, and it is the installed Triton's:
+the H200 machines' Triton (3.6) may compile differently. Run it without TRITON_INTERPRET (the interpreter replaces the kernels it compiles).
 Writes OUT/kernel_resources.json (with Triton's version, git SHA, date) and prints a table.
 """
 
@@ -34,8 +39,11 @@ import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
+import torch
 import triton
+from triton._C.libtriton import native_specialize_impl
 from triton.backends.compiler import GPUTarget
+from triton.backends.nvidia.compiler import CUDABackend
 from triton.compiler import ASTSource
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -48,16 +56,34 @@ from specbench.kernels import attention, gemv  # noqa: E402
 REGS, SMEM, WARPS, CTAS = 65536, 233472, 64, 32
 
 
-def compile_(fn, types: dict, consts: dict, num_warps: int, num_stages: int, arch: int, **options) -> dict:
-    """fn compiled for sm_<arch>: types maps the runtime arguments to Triton types ("*bf16",
-    "i32"), consts the compile-time ones. -> registers, stack, shared bytes, cp.async count,
+def launch_signature(fn, args: dict) -> tuple[dict, dict, dict]:
+    """fn's signature, constants and attributes as Triton's launcher specialises a launch with
+    these arguments (name -> value, meta tensors for pointers), by Triton's own specialisation
+    function: an int of 1 becomes a constant, ints and pointers divisible by 16 are declared so
+    (meta tensors sit at address 0: aligned, as torch's CUDA allocations are)."""
+    const = {fn.arg_names[i] for i in fn.constexprs}
+    signature, constexprs, attrs = {}, {}, {}
+    for i, name in enumerate(fn.arg_names):
+        value = args[name]
+        if name in const:
+            signature[name], constexprs[(i,)] = "constexpr", value
+            continue
+        kind, key = native_specialize_impl(CUDABackend, value, False, True, True)
+        signature[name] = kind
+        if kind == "constexpr":
+            constexprs[(i,)] = key
+        elif key:
+            attrs[(i,)] = CUDABackend.parse_attr(key)
+    return signature, constexprs, attrs
+
+
+def compile_(fn, args: dict, num_warps: int, num_stages: int, arch: int, **options) -> dict:
+    """fn compiled for sm_<arch> as a launch with `args` (every argument by name, constexprs
+    included: `launch_signature`) compiles. -> registers, stack, shared bytes, cp.async count,
     global loads in the PTX before the first cp.async (None without one), CTAs an SM holds, and
     a digest of the PTX without its debug lines (.loc, .file: source lines), equal for equal code."""
-    signature = {name: types.get(name, "i32") for name in fn.arg_names}
-    signature.update({name: "constexpr" for name in consts})
-    index = fn.arg_names.index
-    src = ASTSource(fn=fn, signature=signature, constexprs={(index(k),): v for k, v in consts.items()},
-                    attrs={(index(k),): [["tt.divisibility", 16]] for k, t in signature.items() if t.startswith("*")})
+    signature, constexprs, attrs = launch_signature(fn, args)
+    src = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
     kernel = triton.compile(src, target=GPUTarget("cuda", arch, 32),
                             options={"num_warps": num_warps, "num_stages": num_stages, **options})
     with tempfile.TemporaryDirectory() as tmp:
@@ -76,6 +102,29 @@ def compile_(fn, types: dict, consts: dict, num_warps: int, num_stages: int, arc
             "ctas_per_sm": ctas, "ptx_sha": ptx_digest(ptx)}
 
 
+def meta(*size, dtype=torch.bfloat16) -> torch.Tensor:
+    """A tensor argument with no memory: its dtype and strides are all a launch reads."""
+    return torch.empty(*size, dtype=dtype, device="meta")
+
+
+def recorded_launch(module, name: str, call) -> tuple[tuple, dict]:
+    """The arguments that call() launches module.<name> with: the kernel stood in for by a
+    recorder for the call (its wrapper's own code computes them: strides, constants, options)."""
+    seen = {}
+
+    class Recorder:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: seen.update(args=args, kwargs=kwargs)
+
+    kernel = getattr(module, name)
+    setattr(module, name, Recorder())
+    try:
+        call()
+    finally:
+        setattr(module, name, kernel)
+    return seen["args"], seen["kwargs"]
+
+
 def ptx_digest(ptx: str) -> str:
     """12 hex digits of the PTX's sha256 without what moves with the source's line numbers (the
     .loc / .file lines, comments, the DWARF sections from the first .section on): two commits
@@ -85,46 +134,59 @@ def ptx_digest(ptx: str) -> str:
     return hashlib.sha256("\n".join(code).encode()).hexdigest()[:12]
 
 
-def gemv_rows(arch: int, shape: dict, names=None) -> list:
+def gemv_rows(arch: int, shape: dict, names=None, M: int = 9) -> list:
+    """Every tile configuration of the tuners `project` picks at one row and at M rows (the rows
+    one with its split-K tiles), for each projection of a layer of `shape` with its folds, as
+    `project` launches them (bf16)."""
     rows = []
-    pointers = {name: "*bf16" for name in ("x_ptr", "w_ptr", "y_ptr", "g_ptr", "r_ptr")}
-    pointers.update(p_ptr="*fp32", c_ptr="*i32")  # the rows kernel's split-K partials and counts
     layer = projections(shape)
     for name in names or layer:
         rows_w, K, folds = layer[name]
         glu = "glu" in folds
         N = rows_w // 2 if glu else rows_w  # the kernels take N per half with glu
-        flags = dict(NORM="norm" in folds, GLU=glu, RESIDUAL="residual" in folds)
-        # the tuners project() picks at 1 and 9 rows (the rows one with its split-K tiles)
-        kernels = [("vector", gemv.tuner(1, N, glu, K)), ("rows", gemv.tuner(9, N, glu, K))]
-        for kind, tuner in kernels:
+        flags = dict(NORM="norm" in folds, GLU=glu, RESIDUAL="residual" in folds, PDL=False)
+        for kind, m in (("vector", 1), ("rows", M)):
+            tuner = gemv.tuner(m, N, glu, K)
+            args = dict(x_ptr=meta(m, K), w_ptr=meta(rows_w, K), y_ptr=meta(m, N), g_ptr=meta(K), r_ptr=meta(m, N),
+                        N=N, K=K, eps=1e-5, **flags)
+            if kind == "rows":  # the split-K partials and counts (the unsplit tiles leave them unread)
+                args.update(p_ptr=meta(1, dtype=torch.float32), c_ptr=meta(1, dtype=torch.int32), M=m,
+                            ROWS=1 << (m - 1).bit_length(), PRECISION="tf32")
             for config in gemv._k_fits(tuner.configs, {"K": K}):  # as the autotuner prunes them
-                consts = dict(K=K, PDL=False, **flags, **config.kwargs)
-                if kind == "rows":
-                    consts["PRECISION"] = "tf32"
                 row = {"kernel": f"gemv_{kind}", "projection": name, "N": N, "K": K, **config.kwargs,
                        "num_warps": config.num_warps, "num_stages": config.num_stages}
-                row.update(compile_(tuner.fn, {**pointers, "eps": "fp32"}, consts, config.num_warps,
-                                    config.num_stages, arch))
+                row.update(compile_(tuner.fn, {**args, **config.kwargs}, config.num_warps, config.num_stages, arch))
                 row["programs"] = -(-N // config.kwargs["BLOCK_N"]) * config.kwargs.get("SPLIT_K", 1)
                 rows.append(row)
     return rows
 
 
 def attention_rows(arch: int, shape: dict, S: int = 4096) -> list:
+    """The attention kernel's launch at batch 1, 1 and 9 positions, over a cache of S slots per
+    layer ([B, Hkv, S, hd], as native's caches are), as `attention.decode` makes it for an
+    H200's 132 SMs (its arguments recorded from the wrapper)."""
     rows = []
-    types = {name: "*bf16" for name in ("qkv_ptr", "cos_ptr", "sin_ptr", "k_ptr", "v_ptr", "o_ptr")}
-    types.update(len_ptr="*i64", anc_ptr="*i8", m_ptr="*fp32", l_ptr="*fp32", acc_ptr="*fp32", cnt_ptr="*i32")
     HEADS, KV_HEADS = shape["num_attention_heads"], shape["num_key_value_heads"]
-    G, HD = HEADS // KV_HEADS, shape["hidden_size"] // HEADS
-    for q in (1, 9):
-        splits, block_m, block_s, tiles = attention.launch_shape(1, q, S, KV_HEADS, G, HD, 132)
-        consts = dict(attention.constants(q, HEADS, KV_HEADS, HD, splits, block_m, block_s, fp32=False),
-                      COMPILED=True, PDL=False)
-        row = {"kernel": "attention", "q": q, "context": S, "splits": splits, "BLOCK_M": block_m, "BLOCK_S": block_s,
-               "num_warps": 4, "programs": (splits + 1) * tiles * KV_HEADS}
-        row.update(compile_(attention._partials, types, consts, 4, 3, arch, enable_fp_fusion=False))
-        rows.append(row)
+    HD = shape["hidden_size"] // HEADS
+    sm_count = attention._sm_count
+    attention._sm_count = lambda device: 132
+    try:
+        for q in (1, 9):
+            caches = [meta(1, KV_HEADS, S, HD) for _ in range(2)]
+            args, kwargs = recorded_launch(attention, "_partials", lambda: attention.decode(
+                meta(1, q, (HEADS + 2 * KV_HEADS) * HD), meta(1, q, 1, HD), meta(1, q, 1, HD), *caches,
+                meta(1, dtype=torch.int64), meta(1, q, q, dtype=torch.int8), HEADS, KV_HEADS))
+            fn = attention._partials
+            named = {**dict(zip(fn.arg_names, args)), **{k: v for k, v in kwargs.items() if k in fn.arg_names}}
+            options = {k: v for k, v in kwargs.items() if k not in fn.arg_names}
+            splits, block_m = named["SPLITS"], named["BLOCK_M"]
+            row = {"kernel": "attention", "q": q, "context": S, "splits": splits, "BLOCK_M": block_m,
+                   "BLOCK_S": named["BLOCK_S"], "num_warps": options.get("num_warps", 4),
+                   "programs": (splits + 1) * -(-(HEADS // KV_HEADS) * q // block_m) * KV_HEADS}
+            row.update(compile_(fn, named, options.pop("num_warps", 4), 3, arch, **options))
+            rows.append(row)
+    finally:
+        attention._sm_count = sm_count
     return rows
 
 

@@ -249,7 +249,10 @@ def test_gemv_ab_runs_tiny_against_itself(tmp_path):
 def test_kernel_resources_compiles_the_attention_offline(tmp_path):
     """experiments/kernel_resources.py compiles the attention kernel for sm_90 with the installed
     Triton and reads its registers with Triton's cuobjdump: no GPU needed. Without TRITON_INTERPRET
-    (the interpreter would hand it Python functions)."""
+    (the interpreter would hand it Python functions). Its arguments are recorded from
+    attention.decode and specialised as Triton's launcher does on a GPU: with the cache's strides
+    declared divisible by 16 the prefix loop is software-pipelined (cp.async); compiled without
+    that, as this script did until 2026-12-05, it was not, and no K or V load vectorised."""
     pytest.importorskip("triton", reason="the dev extra installs triton on Linux")
     import json
     import os
@@ -267,6 +270,7 @@ def test_kernel_resources_compiles_the_attention_offline(tmp_path):
     # context 4096 at batch 1: 8 prefix splits (attention.MAX_SPLITS) and the new entries' program,
     # for each of the 8 kv heads
     assert all(0 < r["regs"] <= 255 and r["ctas_per_sm"] >= 1 and r["programs"] == 72 for r in rows), rows
+    assert all(r["cp_async"] > 0 for r in rows), rows
 
 
 def test_rows_kernel_starts_its_pipeline_before_the_norm_pass(tmp_path):
