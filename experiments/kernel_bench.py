@@ -1,7 +1,7 @@
 """Issue 7: the Triton verification and n-gram kernels against the memory-bandwidth floor and
 against their torch references.
 
-    python experiments/kernel_bench.py OUT [--kernels chain,tree,ngram,tune,attention,attention_tune] [--tiny]
+    python experiments/kernel_bench.py OUT [--kernels chain,tree,ngram,tune,attention,attention_tune,attention_tiles] [--tiny]
 
 Grid. chain: B in {1, 8, 48, 256} x k in {1, 4, 8} x V in {49152, 128256, 151936}, fp32
 probabilities, rules standard, onehot and greedy. tree: SGLang's default shape (topk 4, depth 5,
@@ -17,6 +17,10 @@ from a CUDA graph; its floor: the cache prefix read once, the new entries writte
 reference rounds its scores to bf16, the kernel does not). attention_tune (not in the default
 list either): the same at B in {1, 8} x q in {1, 9} x S in {512, 4096}, over the least blocks a
 prefix split takes (min_blocks 1, 2, 4, 8) and the partials the merge folds a step (unroll).
+attention_tiles (nor this): B = 1, q in {1, 9}, S in {512, 4096}, over the query rows a program
+takes (BLOCK_M 16, 32, 64: at q = 9 the 36 rows of a kv head in 3, 2 or 1 tiles) and its warps
+(4, 8). Compiled offline for sm_90 (results/2026-12-05-cpu-launch-specialized), the default at
+q = 9, BLOCK_M 64 with 4 warps, takes 255 registers and spills 32 bytes; 32 rows take 192.
 
 Inputs. p = softmax(3 z), q = softmax(3 z') with independent Gaussian z, z' per position; a
 draft is the argmax of p with probability 0.7, else a draw from q. So greedy accepts about 0.7
@@ -85,6 +89,8 @@ GRID_T = (1024, 4096)
 # attention (Llama-3.1-8B's heads): batch x positions x cached context
 ATTENTION = dict(heads=32, kv_heads=8, head_dim=128)
 GRID_ATTENTION = [(B, q, S) for S in (512, 4096) for B in (1, 8, 48) for q in (1, 9)]
+# (q, BLOCK_M) over S in (512, 4096) at B = 1, each with 4 and 8 warps; BLOCK_M None: the heuristic's
+GRID_ATTENTION_TILES = [(1, None), (9, None), (9, 32), (9, 16)]
 # attention_tune: the least blocks a split takes and the partials the merge folds a step, at the
 # batches where the prefix splits (at 48 it does not)
 GRID_ATTENTION_TUNE = [(B, q, S) for S in (512, 4096) for B in (1, 8) for q in (1, 9)]
@@ -350,6 +356,12 @@ def main(argv=None) -> int:
                 for unroll in sorted({1, attention.merge_unroll(block_m), 2}):
                     launch = dict(min_blocks=min_blocks, unroll=unroll)
                     attempt(results, args.out, lambda: bench_attention(B, q, S, device, measure, launch))
+    if "attention_tiles" in parts:
+        for S in (40,) if args.tiny else (512, 4096):
+            for q, block_m in GRID_ATTENTION_TILES:
+                for num_warps in (4, 8):
+                    launch = dict(num_warps=num_warps, **({"block_m": block_m} if block_m else {}))
+                    attempt(results, args.out, lambda: bench_attention(1, q, S, device, measure, launch))
     if "tune" in parts and not args.tiny:
         inputs = chain_inputs(GOAL["B"], GOAL["k"], GOAL["V"], device)
         for block_v in (1024, 2048, 4096):

@@ -161,29 +161,36 @@ def gemv_rows(arch: int, shape: dict, names=None, M: int = 9) -> list:
     return rows
 
 
-def attention_rows(arch: int, shape: dict, S: int = 4096) -> list:
-    """The attention kernel's launch at batch 1, 1 and 9 positions, over a cache of S slots per
-    layer ([B, Hkv, S, hd], as native's caches are), as `attention.decode` makes it for an
-    H200's 132 SMs (its arguments recorded from the wrapper)."""
+# (q, BLOCK_M, num_warps) of the attention launches compiled: the heuristic's (BLOCK_M None) at 1
+# and 9 positions, and with --attention-tiles kernel_bench's attention_tiles alternatives at 9
+ATTENTION_LAUNCHES = [(1, None, 4), (9, None, 4)]
+ATTENTION_TILES = [(1, None, 8), (9, None, 8), (9, 32, 4), (9, 32, 8), (9, 16, 4), (9, 16, 8)]
+
+
+def attention_rows(arch: int, shape: dict, S: int = 4096, launches=ATTENTION_LAUNCHES) -> list:
+    """The attention kernel's launches at batch 1 (q positions, BLOCK_M None: the heuristic's)
+    over a cache of S slots per layer ([B, Hkv, S, hd], as native's caches are), as
+    `attention.decode` makes them for an H200's 132 SMs (its arguments recorded from the wrapper)."""
     rows = []
     HEADS, KV_HEADS = shape["num_attention_heads"], shape["num_key_value_heads"]
     HD = shape["hidden_size"] // HEADS
     sm_count = attention._sm_count
     attention._sm_count = lambda device: 132
     try:
-        for q in (1, 9):
+        for q, block_m, num_warps in launches:
             caches = [meta(1, KV_HEADS, S, HD) for _ in range(2)]
             args, kwargs = recorded_launch(attention, "_partials", lambda: attention.decode(
                 meta(1, q, (HEADS + 2 * KV_HEADS) * HD), meta(1, q, 1, HD), meta(1, q, 1, HD), *caches,
-                meta(1, dtype=torch.int64), meta(1, q, q, dtype=torch.int8), HEADS, KV_HEADS))
+                meta(1, dtype=torch.int64), meta(1, q, q, dtype=torch.int8), HEADS, KV_HEADS, block_m=block_m,
+                num_warps=num_warps))
             fn = attention._partials
             named = {**dict(zip(fn.arg_names, args)), **{k: v for k, v in kwargs.items() if k in fn.arg_names}}
             options = {k: v for k, v in kwargs.items() if k not in fn.arg_names}
             splits, block_m = named["SPLITS"], named["BLOCK_M"]
             row = {"kernel": "attention", "q": q, "context": S, "splits": splits, "BLOCK_M": block_m,
-                   "BLOCK_S": named["BLOCK_S"], "num_warps": options.get("num_warps", 4),
+                   "BLOCK_S": named["BLOCK_S"], "num_warps": options["num_warps"],
                    "programs": (splits + 1) * -(-(HEADS // KV_HEADS) * q // block_m) * KV_HEADS}
-            row.update(compile_(fn, named, options.pop("num_warps", 4), 3, arch, **options))
+            row.update(compile_(fn, named, options.pop("num_warps"), 3, arch, **options))
             rows.append(row)
     finally:
         attention._sm_count = sm_count
@@ -196,6 +203,8 @@ def main(argv=None) -> int:
     ap.add_argument("--arch", type=int, default=90, help="compute capability x 10 (90: Hopper)")
     ap.add_argument("--kernels", default="gemv,attention")
     ap.add_argument("--shape", default="llama8b", choices=list(SHAPES))
+    ap.add_argument("--attention-tiles", action="store_true",
+                    help="also the attention launches kernel_bench's attention_tiles times (BLOCK_M, warps at q = 9)")
     ap.add_argument("--projections", default="wqkv,wo,w13,w2", help="gemv's projections to compile")
     args = ap.parse_args(argv)
     shape = SHAPES[args.shape]
@@ -205,7 +214,8 @@ def main(argv=None) -> int:
                "date": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S%z"), "note": "compiled offline: no GPU ran",
                "shape": args.shape,
                "rows": (gemv_rows(args.arch, shape, args.projections.split(",")) if "gemv" in kernels else [])
-               + (attention_rows(args.arch, shape) if "attention" in kernels else [])}
+               + (attention_rows(args.arch, shape, launches=ATTENTION_LAUNCHES
+                                 + (ATTENTION_TILES if args.attention_tiles else [])) if "attention" in kernels else [])}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "kernel_resources.json").write_text(json.dumps(results, indent=1))
     print(f"{args.shape} shape, sm_{args.arch}, Triton {results['triton']}, {results['git_sha']}"
@@ -215,7 +225,7 @@ def main(argv=None) -> int:
     for r in results["rows"]:
         what = r.get("projection") or f"q={r['q']}"
         tile = (f"{r['BLOCK_N']}x{r['BLOCK_K']}/{r.get('SPLIT_K', 1)} w{r['num_warps']} s{r['num_stages']}" if "BLOCK_N" in r
-                else f"splits {r['splits']} m{r['BLOCK_M']}")
+                else f"splits {r['splits']} m{r['BLOCK_M']} w{r['num_warps']}")
         print(f"{r['kernel']:12s} {what:10s} {tile:>18s} {r['regs']:5d} {r['stack']:6d} {r['shared'] / 1024:8.1f}"
               f" {r['cp_async']:9d} {str(r['loads_before_pipeline']):>9s} {r['ctas_per_sm']:8d} {r['programs']:9d}")
     return 0

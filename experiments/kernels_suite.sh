@@ -5,7 +5,8 @@
 #            replay; gemv; the engine against transformers with the kernels, in CUDA graphs, with PDL)
 # engine     engine_bench --parts a,b,m --kernels: decode at batch 1 with and without the kernels
 #            (and without PDL) side by side, transformers' compiled step, generate; t(q), batch 48
-# attention  kernel_bench --kernels attention: one 8B layer against the engine's torch path
+# attention  kernel_bench --kernels attention,attention_tiles: one 8B layer against the engine's
+#            torch path, and at batch 1 over BLOCK_M 16, 32, 64 and 4 or 8 warps
 # fused      engine_bench --parts fused: matmul, PyTorch's fused and the kernel attention over batches
 # profile    decode_profile --q Q (default 9): each projection alone with its folds at 1 and 9 rows,
 #            and the profiler's kernel table of a verify forward of Q positions, kernels or not
@@ -32,7 +33,8 @@ step() { local name=$1; shift; echo "== $name: $*"; "$@" > "$out/$name.log" 2>&1
 [[ $parts == *" tests "* ]] && step tests "$py" -m pytest -q tests/test_attention.py tests/test_gemv.py \
     tests/test_engines.py::test_attention_kernel_in_the_engine tests/test_engines.py::test_all_kernels_in_cuda_graphs_match_transformers
 [[ $parts == *" engine "* ]] && step engine "$py" experiments/engine_bench.py "$out/engine" --parts a,b,m --kernels "${tiny[@]}"
-[[ $parts == *" attention "* ]] && step attention "$py" experiments/kernel_bench.py "$out/attention" --kernels attention "${tiny[@]}"
+[[ $parts == *" attention "* ]] && step attention "$py" experiments/kernel_bench.py "$out/attention" --kernels attention,attention_tiles \
+    "${tiny[@]}"
 [[ $parts == *" fused "* ]] && step fused "$py" experiments/engine_bench.py "$out/fused" --parts fused "${tiny[@]}"
 [[ $parts == *" profile "* ]] && step profile "$py" experiments/decode_profile.py "$out/profile" --q "${Q:-9}" \
     --variants eager_kernels,eager_kernels_pdl,eager,layer "${tiny[@]}"
