@@ -126,11 +126,12 @@ def recorded_launch(module, name: str, call) -> tuple[tuple, dict]:
 
 
 def ptx_digest(ptx: str) -> str:
-    """12 hex digits of the PTX's sha256 without what moves with the source's line numbers (the
-    .loc / .file lines, comments, the DWARF sections from the first .section on): two commits
-    compile a kernel alike where these match."""
+    """12 hex digits of the PTX's sha256 without what moves with the source's layout (the .loc /
+    .file lines, comments, the DWARF sections from the first .section on, and the $L__tmp labels
+    that mark inlined functions' ranges for them): two commits compile a kernel alike where these
+    match."""
     code = ptx.split("\t.section", 1)[0]
-    code = [line for line in code.splitlines() if not re.match(r"\s*(\.loc|\.file|//)", line)]
+    code = [line for line in code.splitlines() if not re.match(r"\s*(\.loc|\.file|//|\$L__tmp\d+:$)", line)]
     return hashlib.sha256("\n".join(code).encode()).hexdigest()[:12]
 
 

@@ -72,13 +72,13 @@ def reference(x, w, b=None, *, norm=None, eps=1e-6, glu=False, residual=None):
 
 
 if triton is not None:
-    _CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=3)
+    _CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk, "LOOP_STAGES": 0}, num_warps=w, num_stages=3)
                 for bn in (4, 8, 16) for bk in (256, 512) for w in (4, 8)]
     # Twice the bytes a program has in flight at a step, for K a multiple of 1024 (`tuner`): the
-    # one-row kernel's loop is a load and its products a step, not software-pipelined, so a
+    # one-row kernel's loop is a load and its products a step (but in _PIPELINED_CONFIGS), so a
     # program waits out one memory latency per tile. On an H200 (results/2026-12-04-h200) the
     # small projections streamed at 0.72 (wo) and 0.82 (wqkv) of the copy bandwidth.
-    _WIDE_CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_K": 1024}, num_warps=w, num_stages=3)
+    _WIDE_CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_K": 1024, "LOOP_STAGES": 0}, num_warps=w, num_stages=3)
                      for bn in (4, 8) for w in (4, 8)]
 
     @triton.jit
@@ -120,9 +120,24 @@ if triton is not None:
         return x
 
     @triton.jit
+    def _vector_step(x_ptr, g_ptr, w_ptrs, k0, x_off, x_ok, n_ok, rstd, acc, acc_up, N, K: tl.constexpr,
+                     NORM: tl.constexpr, GLU: tl.constexpr, BLOCK_K: tl.constexpr, dtype: tl.constexpr):
+        # The one-row kernel's step at k0: the [BLOCK_N, BLOCK_K] products of its weight tile (and
+        # the up half's, GLU) with x's tile, added to acc (acc_up) -> acc, acc_up
+        x = _x_tile(x_ptr + k0, g_ptr + k0, x_off, x_off, x_ok, k0 + x_off, rstd, NORM, K, BLOCK_K,
+                    dtype).to(tl.float32)
+        w_ok = _in_k(n_ok[:, None], k0 + x_off, K, BLOCK_K)
+        w = tl.load(w_ptrs + k0, mask=w_ok, other=0.0, eviction_policy="evict_first")
+        acc += w.to(tl.float32) * x
+        if GLU:
+            up = tl.load(w_ptrs + N * K + k0, mask=w_ok, other=0.0, eviction_policy="evict_first")
+            acc_up += up.to(tl.float32) * x
+        return acc, acc_up
+
+    @triton.jit
     def _vector_kernel_fn(x_ptr, w_ptr, y_ptr, g_ptr, r_ptr, N, K: tl.constexpr, eps,
                        NORM: tl.constexpr, GLU: tl.constexpr, RESIDUAL: tl.constexpr, PDL: tl.constexpr,
-                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, LOOP_STAGES: tl.constexpr):
         # x: [K], w: [N, K] (GLU: [2N, K]), y, r: [N], g: [K]. K is a compile-time constant: a
         # few widths per model, loops the compiler can unroll, and the last tile's mask (_in_k)
         # only where BLOCK_K does not divide K.
@@ -148,15 +163,14 @@ if triton is not None:
         x = x.to(tl.float32)
         acc = w.to(tl.float32) * x  # [BLOCK_N, BLOCK_K]
         acc_up = up.to(tl.float32) * x if GLU else acc
-        for k0 in range(BLOCK_K, K, BLOCK_K):
-            x = _x_tile(x_ptr + k0, g_ptr + k0, x_off, x_off, x_ok, k0 + x_off, rstd, NORM, K, BLOCK_K,
-                        dtype).to(tl.float32)
-            w_ok = _in_k(n_ok[:, None], k0 + x_off, K, BLOCK_K)
-            w = tl.load(w_ptrs + k0, mask=w_ok, other=0.0, eviction_policy="evict_first")
-            acc += w.to(tl.float32) * x
-            if GLU:
-                up = tl.load(w_ptrs + N * K + k0, mask=w_ok, other=0.0, eviction_policy="evict_first")
-                acc_up += up.to(tl.float32) * x
+        if LOOP_STAGES == 0:  # a load and its products a step: the loads wait out their latency
+            for k0 in range(BLOCK_K, K, BLOCK_K):
+                acc, acc_up = _vector_step(x_ptr, g_ptr, w_ptrs, k0, x_off, x_ok, n_ok, rstd, acc, acc_up, N, K,
+                                           NORM, GLU, BLOCK_K, dtype)
+        else:  # software-pipelined: the next LOOP_STAGES - 1 tiles stream into shared memory (cp.async)
+            for k0 in tl.range(BLOCK_K, K, BLOCK_K, num_stages=LOOP_STAGES):
+                acc, acc_up = _vector_step(x_ptr, g_ptr, w_ptrs, k0, x_off, x_ok, n_ok, rstd, acc, acc_up, N, K,
+                                           NORM, GLU, BLOCK_K, dtype)
         y = tl.sum(acc, axis=1).to(dtype).to(tl.float32)  # [BLOCK_N], rounded like F.linear's output
         if GLU:
             up = tl.sum(acc_up, axis=1).to(dtype).to(tl.float32)
@@ -165,9 +179,19 @@ if triton is not None:
             y = y.to(dtype).to(tl.float32) + r.to(tl.float32)
         tl.store(y_ptr + rn, y.to(dtype), mask=n_ok)
 
+    # Four with the loop software-pipelined (LOOP_STAGES 3: tl.range's cp.async into shared
+    # memory), beside the unpipelined ones, for the autotuner to weigh; not timed yet. Offline
+    # (sm_90, Triton 3.6, the 8B shape) they take fewer registers or as many (wqkv 8 x 512, 4
+    # warps: 64 against 80, an estimated 8 CTAs an SM against 6), and 6 to 40 KB of shared memory.
+    _PIPELINED_CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk, "LOOP_STAGES": 3}, num_warps=w, num_stages=3)
+                          for bn, bk, w in ((4, 512, 4), (8, 512, 4), (8, 256, 8))]
+    _PIPELINED_WIDE_CONFIGS = [triton.Config({"BLOCK_N": 4, "BLOCK_K": 1024, "LOOP_STAGES": 3}, num_warps=8,
+                                             num_stages=3)]
+
     _VECTOR_KEY = ["N", "K", "NORM", "GLU", "RESIDUAL"]
-    _vector_kernel = triton.autotune(configs=_CONFIGS, key=_VECTOR_KEY)(_vector_kernel_fn)
-    _vector_wide_kernel = triton.autotune(configs=_CONFIGS + _WIDE_CONFIGS, key=_VECTOR_KEY)(_vector_kernel_fn)
+    _vector_kernel = triton.autotune(configs=_CONFIGS + _PIPELINED_CONFIGS, key=_VECTOR_KEY)(_vector_kernel_fn)
+    _vector_wide_kernel = triton.autotune(configs=_CONFIGS + _PIPELINED_CONFIGS + _WIDE_CONFIGS + _PIPELINED_WIDE_CONFIGS,
+                                          key=_VECTOR_KEY)(_vector_kernel_fn)
 
     # The last four: deeper tiles for the long rows of w2 (K = 14336 in the 8B shape), where the
     # rows kernel streamed at 0.72 of the copy bandwidth against the one-row kernel's 0.92; with

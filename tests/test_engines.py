@@ -317,7 +317,7 @@ def test_all_kernels_at_smollm2_widths_in_the_interpreter(monkeypatch):
         def __getitem__(self, grid):
             return lambda *args, **kwargs: self.fn[grid(self.config)](*args, **kwargs, **self.config)
 
-    one_row = OneTile(gemv._vector_kernel, BLOCK_N=8, BLOCK_K=256)
+    one_row = OneTile(gemv._vector_kernel, BLOCK_N=8, BLOCK_K=256, LOOP_STAGES=0)
     rows_ = OneTile(gemv._rows_kernel, BLOCK_N=16, BLOCK_K=256, SPLIT_K=1)
     launched = []
     monkeypatch.setattr(gemv, "supported", lambda x, w: x.numel() // x.shape[-1] <= 16 and x.dtype == w.dtype)

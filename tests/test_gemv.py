@@ -39,10 +39,11 @@ def _case(fold: str, M: int, K: int = 512, N: int = 40, seed: int = 0):
     return x.to(DEVICE), w.to(DEVICE), {k: v.to(DEVICE) if torch.is_tensor(v) else v for k, v in kw.items()}
 
 
-def _launch(x, w, kw, split_k: int = 1, counts=None, block_k: int = 0):
+def _launch(x, w, kw, split_k: int = 1, counts=None, block_k: int = 0, loop_stages: int = 0):
     """The kernels at fixed tiles (the interpreter has no autotuner); y as project() returns it.
     split_k > 1: the rows kernel with K in that many slices, over `counts` (zeros if None);
-    block_k: the K tile (0: 256 for the one-row kernel, 128 for the rows kernel)."""
+    block_k: the K tile (0: 256 for the one-row kernel, 128 for the rows kernel); loop_stages:
+    the one-row kernel's (0: its plain loop, else tl.range's software pipeline)."""
     M, K = x.shape
     N = w.shape[0] // 2 if kw.get("glu") else w.shape[0]
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
@@ -50,7 +51,8 @@ def _launch(x, w, kw, split_k: int = 1, counts=None, block_k: int = 0):
     folds = dict(NORM="norm" in kw, GLU=bool(kw.get("glu")), RESIDUAL="residual" in kw)
     if M == 1:
         gemv._vector_kernel.fn[(triton.cdiv(N, 8),)](
-            x, w, y, kw.get("norm", x), r, N, K, 1e-5, **folds, PDL=False, BLOCK_N=8, BLOCK_K=block_k or 256)
+            x, w, y, kw.get("norm", x), r, N, K, 1e-5, **folds, PDL=False, BLOCK_N=8, BLOCK_K=block_k or 256,
+            LOOP_STAGES=loop_stages)
     else:
         parts = torch.full((split_k * 2 * M * N,), float("nan"), device=x.device)  # each slot written before read
         counts = torch.zeros(triton.cdiv(N, 16), dtype=torch.int32, device=x.device) if counts is None else counts
@@ -61,10 +63,12 @@ def _launch(x, w, kw, split_k: int = 1, counts=None, block_k: int = 0):
 
 
 @pytest.mark.parametrize("fold", list(FOLDS))
-def test_one_row_kernel_matches_the_torch_composition(fold):
+@pytest.mark.parametrize("loop_stages", [0, 3], ids=["plain", "pipelined"])
+def test_one_row_kernel_matches_the_torch_composition(fold, loop_stages):
     x, w, kw = _case(fold, M=1)
     expected = gemv.reference(x, w, eps=1e-5, **kw)
-    torch.testing.assert_close(_launch(x, w, kw), expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
+    got = _launch(x, w, kw, loop_stages=loop_stages)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
 
 
 @pytest.mark.parametrize("fold", list(FOLDS))
@@ -278,7 +282,8 @@ def test_rows_kernel_starts_its_pipeline_before_the_norm_pass(tmp_path):
     configuration of the two projections with a norm fold (wqkv; w13 with SwiGLU), the software
     pipeline's first asynchronous copies are the first global loads in the PTX, so that the
     first weight tiles stream in while the norm's pass over x runs. Before 2026-12-05 a peeled
-    first step and the pass came first: 35 to 89 loads."""
+    first step and the pass came first: 35 to 89 loads. And the one-row kernel's loop is
+    software-pipelined (cp.async) in exactly its LOOP_STAGES configurations."""
     import json
     import os
     import subprocess
@@ -290,6 +295,10 @@ def test_rows_kernel_starts_its_pipeline_before_the_norm_pass(tmp_path):
     out = subprocess.run([sys.executable, str(script), str(tmp_path), "--kernels", "gemv", "--projections", "wqkv,w13"],
                          capture_output=True, text=True, timeout=900, env=env)
     assert out.returncode == 0, out.stderr[-2000:]
-    rows = [r for r in json.loads((tmp_path / "kernel_resources.json").read_text())["rows"] if r["kernel"] == "gemv_rows"]
+    every = json.loads((tmp_path / "kernel_resources.json").read_text())["rows"]
+    rows = [r for r in every if r["kernel"] == "gemv_rows"]
     assert {r["projection"] for r in rows} == {"wqkv", "w13"}
     assert all(r["cp_async"] > 0 and r["loads_before_pipeline"] == 0 for r in rows), rows
+    one_row = [r for r in every if r["kernel"] == "gemv_vector"]
+    assert one_row and any(r.get("LOOP_STAGES") for r in one_row)
+    assert all((r["cp_async"] > 0) == bool(r.get("LOOP_STAGES")) for r in one_row), one_row
