@@ -181,8 +181,9 @@ if triton is not None:
 
     # Four with the loop software-pipelined (LOOP_STAGES 3: tl.range's cp.async into shared
     # memory), beside the unpipelined ones, for the autotuner to weigh; not timed yet. Offline
-    # (sm_90, Triton 3.6, the 8B shape) they take fewer registers or as many (wqkv 8 x 512, 4
-    # warps: 64 against 80, an estimated 8 CTAs an SM against 6), and 6 to 40 KB of shared memory.
+    # (sm_90, Triton 3.6, the 8B shape) each takes at most 2 registers more than the same tile
+    # unpipelined, mostly fewer (wqkv 8 x 512, 4 warps: 64 against 80, an estimated 8 CTAs an SM
+    # against 6), and 8 to 40 KB of shared memory (results/2026-12-05-cpu-one-row-pipelined).
     _PIPELINED_CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk, "LOOP_STAGES": 3}, num_warps=w, num_stages=3)
                           for bn, bk, w in ((4, 512, 4), (8, 512, 4), (8, 256, 8))]
     _PIPELINED_WIDE_CONFIGS = [triton.Config({"BLOCK_N": 4, "BLOCK_K": 1024, "LOOP_STAGES": 3}, num_warps=8,
