@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import platform
 import re
 import subprocess
@@ -81,7 +82,7 @@ def compile_(fn, args: dict, num_warps: int, num_stages: int, arch: int, **optio
     """fn compiled for sm_<arch> as a launch with `args` (every argument by name, constexprs
     included: `launch_signature`) compiles. -> registers, stack, shared bytes, cp.async count,
     global loads in the PTX before the first cp.async (None without one), CTAs an SM holds, and
-    a digest of the PTX without its debug lines (.loc, .file: source lines), equal for equal code."""
+    `ptx_digest`, equal for equal code."""
     signature, constexprs, attrs = launch_signature(fn, args)
     src = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
     kernel = triton.compile(src, target=GPUTarget("cuda", arch, 32),
@@ -107,14 +108,14 @@ def meta(*size, dtype=torch.bfloat16) -> torch.Tensor:
     return torch.empty(*size, dtype=dtype, device="meta")
 
 
-def recorded_launch(module, name: str, call) -> tuple[tuple, dict]:
-    """The arguments that call() launches module.<name> with: the kernel stood in for by a
-    recorder for the call (its wrapper's own code computes them: strides, constants, options)."""
+def recorded_launch(module, name: str, call) -> tuple[tuple, tuple, dict]:
+    """The grid and arguments that call() launches module.<name> with: the kernel stood in for by
+    a recorder for the call (its wrapper's own code computes them: strides, constants, options)."""
     seen = {}
 
     class Recorder:
         def __getitem__(self, grid):
-            return lambda *args, **kwargs: seen.update(args=args, kwargs=kwargs)
+            return lambda *args, **kwargs: seen.update(grid=grid, args=args, kwargs=kwargs)
 
     kernel = getattr(module, name)
     setattr(module, name, Recorder())
@@ -122,7 +123,7 @@ def recorded_launch(module, name: str, call) -> tuple[tuple, dict]:
         call()
     finally:
         setattr(module, name, kernel)
-    return seen["args"], seen["kwargs"]
+    return seen["grid"], seen["args"], seen["kwargs"]
 
 
 def ptx_digest(ptx: str) -> str:
@@ -180,17 +181,16 @@ def attention_rows(arch: int, shape: dict, S: int = 4096, launches=ATTENTION_LAU
     try:
         for q, block_m, num_warps in launches:
             caches = [meta(1, KV_HEADS, S, HD) for _ in range(2)]
-            args, kwargs = recorded_launch(attention, "_partials", lambda: attention.decode(
+            grid, args, kwargs = recorded_launch(attention, "_partials", lambda: attention.decode(
                 meta(1, q, (HEADS + 2 * KV_HEADS) * HD), meta(1, q, 1, HD), meta(1, q, 1, HD), *caches,
                 meta(1, dtype=torch.int64), meta(1, q, q, dtype=torch.int8), HEADS, KV_HEADS, block_m=block_m,
                 num_warps=num_warps))
             fn = attention._partials
             named = {**dict(zip(fn.arg_names, args)), **{k: v for k, v in kwargs.items() if k in fn.arg_names}}
             options = {k: v for k, v in kwargs.items() if k not in fn.arg_names}
-            splits, block_m = named["SPLITS"], named["BLOCK_M"]
-            row = {"kernel": "attention", "q": q, "context": S, "splits": splits, "BLOCK_M": block_m,
+            row = {"kernel": "attention", "q": q, "context": S, "splits": named["SPLITS"], "BLOCK_M": named["BLOCK_M"],
                    "BLOCK_S": named["BLOCK_S"], "num_warps": options["num_warps"],
-                   "programs": (splits + 1) * -(-(HEADS // KV_HEADS) * q // block_m) * KV_HEADS}
+                   "programs": math.prod(grid)}
             row.update(compile_(fn, named, options.pop("num_warps"), 3, arch, **options))
             rows.append(row)
     finally:

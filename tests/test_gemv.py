@@ -250,14 +250,9 @@ def test_gemv_ab_runs_tiny_against_itself(tmp_path):
     assert all(r["base_ms"] > 0 and r["current_ms"] > 0 and r["max_abs_logit_diff"] == 0 for r in ab["forwards"])
 
 
-def test_kernel_resources_compiles_the_attention_offline(tmp_path):
-    """experiments/kernel_resources.py compiles the attention kernel for sm_90 with the installed
-    Triton and reads its registers with Triton's cuobjdump: no GPU needed. Without TRITON_INTERPRET
-    (the interpreter would hand it Python functions). Its arguments are recorded from
-    attention.decode and specialised as Triton's launcher does on a GPU: with the cache's strides
-    declared divisible by 16 the prefix loop is software-pipelined (cp.async); compiled without
-    that, as this script did until 2026-12-05, it was not, and no K or V load vectorised."""
-    pytest.importorskip("triton", reason="the dev extra installs triton on Linux")
+def _kernel_resources(out, *args) -> list:
+    """experiments/kernel_resources.py OUT *args, run without TRITON_INTERPRET (the interpreter
+    would hand it Python functions) -> its rows."""
     import json
     import os
     import subprocess
@@ -266,10 +261,20 @@ def test_kernel_resources_compiles_the_attention_offline(tmp_path):
 
     script = Path(__file__).resolve().parents[1] / "experiments" / "kernel_resources.py"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = subprocess.run([sys.executable, str(script), str(tmp_path), "--kernels", "attention"],
-                         capture_output=True, text=True, timeout=600, env=env)
-    assert out.returncode == 0, out.stderr[-2000:]
-    rows = json.loads((tmp_path / "kernel_resources.json").read_text())["rows"]
+    done = subprocess.run([sys.executable, str(script), str(out), *args], capture_output=True, text=True, timeout=900,
+                          env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads((out / "kernel_resources.json").read_text())["rows"]
+
+
+def test_kernel_resources_compiles_the_attention_offline(tmp_path):
+    """experiments/kernel_resources.py compiles the attention kernel for sm_90 with the installed
+    Triton and reads its registers with Triton's cuobjdump: no GPU needed. Without TRITON_INTERPRET
+    (the interpreter would hand it Python functions). Its arguments are recorded from
+    attention.decode and specialised as Triton's launcher does on a GPU: with the cache's strides
+    declared divisible by 16 the prefix loop is software-pipelined (cp.async); compiled without
+    that, as this script did until 2026-12-05, it was not, and no K or V load vectorised."""
+    rows = _kernel_resources(tmp_path, "--kernels", "attention")
     assert [r["q"] for r in rows] == [1, 9]
     # context 4096 at batch 1: 8 prefix splits (attention.MAX_SPLITS) and the new entries' program,
     # for each of the 8 kv heads
@@ -284,18 +289,7 @@ def test_rows_kernel_starts_its_pipeline_before_the_norm_pass(tmp_path):
     first weight tiles stream in while the norm's pass over x runs. Before 2026-12-05 a peeled
     first step and the pass came first: 35 to 89 loads. And the one-row kernel's loop is
     software-pipelined (cp.async) in exactly its LOOP_STAGES configurations."""
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    script = Path(__file__).resolve().parents[1] / "experiments" / "kernel_resources.py"
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = subprocess.run([sys.executable, str(script), str(tmp_path), "--kernels", "gemv", "--projections", "wqkv,w13"],
-                         capture_output=True, text=True, timeout=900, env=env)
-    assert out.returncode == 0, out.stderr[-2000:]
-    every = json.loads((tmp_path / "kernel_resources.json").read_text())["rows"]
+    every = _kernel_resources(tmp_path, "--kernels", "gemv", "--projections", "wqkv,w13")
     rows = [r for r in every if r["kernel"] == "gemv_rows"]
     assert {r["projection"] for r in rows} == {"wqkv", "w13"}
     assert all(r["cp_async"] > 0 and r["loads_before_pipeline"] == 0 for r in rows), rows
