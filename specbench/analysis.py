@@ -12,7 +12,8 @@ import pandas as pd
 from specbench.results import COLUMNS, read_jsonl
 
 # A speculative run is compared with the baseline run that shares all of these.
-BASELINE_MATCH = ("target", "dataset", "num_prompts", "max_new_tokens", "temperature", "batch_size", "device", "dtype", "engine")
+BASELINE_MATCH = ("target", "dataset", "num_prompts", "max_new_tokens", "temperature", "batch_size", "device", "dtype",
+                  "engine", "engine_options")
 
 
 def load_results(results_dir: str | Path, *, ok_only: bool = False) -> pd.DataFrame:
@@ -26,6 +27,9 @@ def load_results(results_dir: str | Path, *, ok_only: bool = False) -> pd.DataFr
         if column not in frame.columns:
             frame[column] = None
     frame["engine"] = frame["engine"].fillna("hf")  # rows from before the native engine ran on hf
+    # rows from before engine_options: their settings unknown, matched to baselines as they were
+    # then, by the engine's name alone
+    frame["engine_options"] = frame["engine_options"].fillna("")
     extra = [c for c in frame.columns if c not in COLUMNS]
     frame = frame[list(COLUMNS) + extra]
     return frame[frame.status == "ok"].reset_index(drop=True) if ok_only else frame

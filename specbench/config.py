@@ -59,6 +59,25 @@ class EngineConfig:
     args: dict = field(default_factory=dict)
 
 
+def engine_options(engine: DictConfig) -> str:
+    """The engine settings that differ from EngineConfig's defaults, "key=value" in key order
+    (engine.args' entries as args.KEY=VALUE), "" for none: what, beside the engine's name, makes
+    two runs' timings comparable or not (a baseline with engine.kernels=true is not the one of a
+    run without)."""
+    defaults, current = EngineConfig(), OmegaConf.to_container(engine, resolve=True)
+    options = {key: value for key, value in current.items()
+               if key not in ("name", "args") and value != getattr(defaults, key, None)}
+    options.update({f"args.{key}": value for key, value in (current.get("args") or {}).items()})
+    return " ".join(f"{key}={_as_typed(value)}" for key, value in sorted(options.items()))
+
+
+def _as_typed(value: Any) -> str:
+    """true / null / 3 / max-autotune: an option's value as it is typed on the command line."""
+    if isinstance(value, bool) or value is None:
+        return {True: "true", False: "false", None: "null"}[value]
+    return str(value)
+
+
 ENGINES = ("hf", "native", "sglang", "vllm")
 SERVING_ENGINES = ("sglang", "vllm")  # run the prompts themselves (specbench.engines.serving)
 

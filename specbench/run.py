@@ -16,7 +16,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from specbench import loggers, provenance
-from specbench.config import SERVING_ENGINES, ConfigError, to_container, validate
+from specbench.config import SERVING_ENGINES, ConfigError, engine_options, to_container, validate
 from specbench.datasets import encode_prompts, load_prompts
 from specbench.drafters.draft_model import DraftModelDrafter
 from specbench.drafters.eagle import EagleDrafter
@@ -135,13 +135,14 @@ def build_engine(cfg: DictConfig, model, inputs: list, feature_layers: tuple):
 
 
 def baseline_path(cfg: DictConfig, device: str, dtype: torch.dtype, num_prompts: int) -> Path:
-    """Baselines are shared by every run with the same target, prompts, length, sampling and device."""
+    """Baselines are shared by every run with the same target, prompts, length, sampling, batch
+    size, engine (its settings too) and device."""
     sampling = [cfg.temperature, cfg.top_k, cfg.top_p, cfg.seed] if cfg.temperature > 0 else [0.0]
     key = {
         "target": [cfg.target.path, cfg.target.sha256, str(dtype)],
         "dataset": [cfg.dataset.source, cfg.dataset.format, num_prompts],
         "max_new_tokens": cfg.max_new_tokens, "sampling": sampling, "device": device,
-        "batch_size": cfg.batch_size, "engine": cfg.engine.name,
+        "batch_size": cfg.batch_size, "engine": cfg.engine.name, "engine_options": engine_options(cfg.engine),
     }
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     return Path(cfg.results_dir) / "baselines" / f"{cfg.target.name}-{cfg.dataset.name}-{digest}.json"
@@ -159,7 +160,8 @@ def _base_row(cfg: DictConfig, run_id: str, chash: str) -> dict:
         dataset=cfg.dataset.name, git_sha=provenance.git_sha(), config_hash=chash,
         max_new_tokens=cfg.max_new_tokens, seed=cfg.seed, target_path=cfg.target.path,
         timestamp=time.strftime("%Y-%m-%dT%H:%M:%S%z"), hydra_dir=_hydra_dir(), **rule_params,
-        engine=cfg.engine.name, draft_sample_method=cfg.drafter.get("draft_sample_method") if speculative else None,
+        engine=cfg.engine.name, engine_options=engine_options(cfg.engine),
+        draft_sample_method=cfg.drafter.get("draft_sample_method") if speculative else None,
         synthetic_rate=_synthetic_rate(cfg),
         **provenance.versions(),
     )

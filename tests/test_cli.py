@@ -11,7 +11,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from specbench import run as run_module
-from specbench.analysis import load_results
+from specbench.analysis import load_results, with_speedup
 from specbench.config import ConfigError, register
 from specbench.results import COLUMNS
 
@@ -144,6 +144,14 @@ def test_baseline_then_speculative_runs_on_a_local_checkpoint(tiny_checkpoint, t
     records = [json.loads(line) for line in (run_dir / "requests.jsonl").read_text().splitlines()]
     assert len(records) == 2 and sum(len(r["tokens"]) for r in records) == speculative.new_tokens
     assert "drafter:" in (run_dir / "config.yaml").read_text()
+    # Another engine setting is another baseline: its timings are not these.
+    other = cli(*tiny(tiny_checkpoint, tmp_path, "+drafter=ngram", "+rule=target_only", "k=3", "engine.cuda_graphs=false"))
+    assert other.returncode == 0, other.stderr
+    assert len(list((tmp_path / "baselines").glob("*.json"))) == 2
+    rows = with_speedup(load_results(tmp_path)).set_index("run_id")
+    assert rows.engine_options.tolist().count("") == 2 and rows.engine_options.tolist().count("cuda_graphs=false") == 1
+    assert rows.baseline_tpot_ms[speculative.run_id] == baseline.tpot_ms
+    assert rows[rows.engine_options != ""].baseline_tpot_ms.isna().all()  # no baseline row with its setting
 
 
 def test_sweep_records_a_failed_job_and_goes_on(tiny_checkpoint, tmp_path):
