@@ -31,6 +31,7 @@ from specbench.kernels.attention import counters as attention_counters, decode a
 from specbench.kernels.attention import mask as attention_mask
 from specbench.kernels.attention import places as attention_places, reference as attention_reference
 from specbench.kernels.attention import supported as attention_supported
+from specbench.graphs import capture
 from specbench.kernels.gemv import project, rms_norm
 
 FAMILIES = ("llama", "mistral", "qwen2")
@@ -341,16 +342,7 @@ class NativeEngine:
     def _capture(self, inputs):
         static = [x.clone() for x in inputs]
         static[1] = self.lengths  # read in place: the graph always sees the current lengths
-        run = lambda: self._run(static)  # noqa: E731
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):  # warm-up (and compilation) outside the capture
-            for _ in range(2):
-                run()
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = run()
+        graph, out = capture(lambda: self._run(static))
         return graph, static, out
 
     @torch.inference_mode()

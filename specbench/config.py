@@ -42,7 +42,7 @@ class EngineConfig:
     `vllm` and `sglang` hand the whole run to that serving engine (engines/translate.py)."""
 
     name: str = "native"  # hf | native | vllm | sglang
-    cuda_graphs: bool = True  # native on CUDA: replay each forward shape from a CUDA graph
+    cuda_graphs: bool = True  # on CUDA: replay each forward shape from a CUDA graph (native; model drafters)
     compile: bool = False  # native: torch.compile one decoder layer (fused elementwise kernels)
     # torch.compile's mode with compile; "max-autotune-no-cudagraphs" tunes Triton matmuls per
     # shape (slower to start; the fastest batch-1 decode measured, results/2026-12-03-h200-runner)

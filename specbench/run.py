@@ -202,7 +202,8 @@ def run(cfg: DictConfig, row: dict) -> tuple[list, list]:
     inputs = encode_prompts(prompts, tokenizer)
     if hasattr(drafter, "attach"):  # model drafters: their batched chains' cache sized like the target's
         longest = max(x.shape[0] for x in inputs)
-        drafter.attach(model, rows=cfg.batch_size, max_length=longest + cfg.max_new_tokens + cfg.k + 2)
+        drafter.attach(model, rows=cfg.batch_size, max_length=longest + cfg.max_new_tokens + cfg.k + 2,
+                       cuda_graphs=cfg.engine.cuda_graphs)
     engine = build_engine(cfg, model, inputs, tuple(getattr(drafter, "feature_layers", ())))
     device = provenance.device_name(engine.device)
     eos = eos_ids(tokenizer, model)

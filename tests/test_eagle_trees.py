@@ -5,9 +5,8 @@ import pytest
 import torch
 
 from conftest import random_head, tiny_llama
-from tree_rounds import assert_same, grow
+from tree_rounds import assert_same, chain_state, grow, tree_state
 from specbench.drafters import eagle_chain, expand
-from specbench.drafters.base import DraftState
 from specbench.drafters.eagle import EagleDrafter, EagleStepper
 from specbench.drafters.eagle_chain import EagleChain
 from specbench.drafters.expand import Steppers, draft
@@ -46,25 +45,6 @@ def forwards(monkeypatch):
 
     monkeypatch.setattr(eagle_chain, "forward_rows", counted)
     return calls
-
-
-def features_of(target, histories, layers):
-    """B x [T_b - 1, D]: the target's features at every position but the last (the runner's)."""
-    with torch.inference_mode():
-        hidden = [target(h[None], output_hidden_states=True).hidden_states for h in histories]
-    return [torch.cat([hs[i][0, :-1] for i in layers], -1) for hs in hidden]
-
-
-def tree_state(target, head, histories, ids, k, topk, max_nodes):
-    hs = [histories[i] for i in ids]
-    return DraftState(tokens=hs, k=k, topk=topk, num_draft_tokens=max_nodes + 1,
-                      features=features_of(target, hs, head.config.feature_layers), request_ids=tuple(ids))
-
-
-def chain_state(target, head, histories, ids, k):
-    hs = [histories[i] for i in ids]
-    return DraftState(tokens=hs, k=k, features=features_of(target, hs, head.config.feature_layers),
-                      request_ids=tuple(ids))
 
 
 def check_rows(chain, histories, order):

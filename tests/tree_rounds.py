@@ -1,7 +1,10 @@
-"""Helpers of the batched-tree tests (test_native_trees.py, test_eagle_trees.py): compare a
-batched tree proposal with the per-request path's, and grow histories as a verify would."""
+"""Helpers of the batched-tree tests (test_native_trees.py, test_eagle_trees.py, test_graphs.py):
+the states EAGLE heads draft from, compare a batched tree proposal with the per-request path's,
+and grow histories as a verify would."""
 
 import torch
+
+from specbench.drafters.base import DraftState
 
 
 def assert_same(got, want):
@@ -34,3 +37,22 @@ def grow(histories, got, order, accepted):
         histories[i] = torch.cat([histories[i], torch.tensor(path)])
         added[i] = len(path)
     return added
+
+
+def features_of(target, histories, layers):
+    """B x [T_b - 1, D]: the target's features at every position but the last (the runner's)."""
+    with torch.inference_mode():
+        hidden = [target(h[None].to(target.device), output_hidden_states=True).hidden_states for h in histories]
+    return [torch.cat([hs[i][0, :-1] for i in layers], -1) for hs in hidden]
+
+
+def tree_state(target, head, histories, ids, k, topk, max_nodes):
+    hs = [histories[i] for i in ids]
+    return DraftState(tokens=hs, k=k, topk=topk, num_draft_tokens=max_nodes + 1,
+                      features=features_of(target, hs, head.config.feature_layers), request_ids=tuple(ids))
+
+
+def chain_state(target, head, histories, ids, k):
+    hs = [histories[i] for i in ids]
+    return DraftState(tokens=hs, k=k, features=features_of(target, hs, head.config.feature_layers),
+                      request_ids=tuple(ids))

@@ -105,12 +105,13 @@ class DraftModelDrafter(ChainsAndTrees):
     def from_config(cls, cfg: DraftModelConfig, params: SamplingParams, seed: int = 0) -> DraftModelDrafter:
         return cls(cfg.path, cfg.draft_sample_method, params, seed)
 
-    def attach(self, target, rows: int = ROWS, max_length: int = MAX_LENGTH) -> None:
+    def attach(self, target, rows: int = ROWS, max_length: int = MAX_LENGTH, *, cuda_graphs: bool = True) -> None:
         """Load the weights next to the target (after check_vocab has passed). rows, max_length:
-        the batched chains' cache (the run's batch size and longest request; it grows if short)."""
+        the batched chains' cache (the run's batch size and longest request; it grows if short);
+        cuda_graphs: their forwards replayed from CUDA graphs on CUDA (the run's engine.cuda_graphs)."""
         from specbench.engines.native import Transformer
 
         self.model = model = load_draft_model(self.path, target)
         self.steppers = Steppers(lambda: LMStepper(model))
-        self.chain = NativeChain(lambda: Transformer.from_hf(model), rows, max_length)
+        self.chain = NativeChain(lambda: Transformer.from_hf(model), rows, max_length, cuda_graphs=cuda_graphs)
         self.generator = torch.Generator(next(model.parameters()).device).manual_seed(self.seed)

@@ -39,6 +39,18 @@ and a key length that grew every round made that a build nearly every round. The
 indices are built on the CPU and copied to the device at once, a tree step's on the device;
 the drafts come back in one copy at the end.
 
+CUDA graphs (on CUDA, unless `cuda_graphs=False`). Eagerly a one-layer head is host-bound: a
+greedy chain round at k = 4 dispatches about 500 aten operations (SmolLM2-135M's EAGLE-3 head,
+batch 1, counted on a CPU), and on an H200 host it cost 5 to 10 ms of drafting
+(results/2026-12-03-h200-night), more than the 2-layer draft model that the native engine
+replays from graphs. Through graphs the round dispatches about 60 outside two replays. So each of a round's head forwards is one function of
+fixed-shape device tensors that never waits for the host, replayed from a graph per shape
+(specbench.graphs.Graphed): the sync up to GRAPHED_WIDTH inputs a row (every width a request's
+later rounds can need is captured at the first round), a greedy chain's k argmaxes and k - 1
+steps as one graph, a sampled chain's step (the sampling stays eager), a tree step. Greedy
+chains and tree steps run every cache row (rows of no request draft from padding, past their
+length), so their graphs hold no per-round index. A cache that grows drops its graphs.
+
 `greedy` takes the argmax (q is the point mass: probs None; EAGLE-3's over its draft vocabulary,
 mapped to target ids, with no [B, V] tensor); otherwise each step samples the B requests from
 their q at the run's parameters (float32 q [B, k, V] is returned), one draw over the batch per
@@ -65,20 +77,34 @@ from specbench.drafters.base import DraftProposal, DraftState
 from specbench.drafters.expand import expand_trees, tree_proposal
 from specbench.drafters.lm_stepper import common_prefix
 from specbench.drafters.native_chain import MAX_LENGTH, ROWS, RowCache
+from specbench.graphs import Graphed, supported as graphs_supported
 from specbench.heads import StaticHeadCache, forward_rows, static_width
 from specbench.sampling import SamplingParams, probs_from_logits, sample
+
+# The widest sync replayed from a CUDA graph. After its first round a request's row reads
+# accepted + 1 <= k + 1 pairs; at its first it reads its whole prompt, which runs eagerly: a graph
+# for each prompt width would keep that width's activations for the rest of the run.
+GRAPHED_WIDTH = 16
 
 
 class EagleChain(RowCache):
     """Chains and trees for B requests at a time over one StaticHeadCache, a row per request id."""
 
-    def __init__(self, head, rows: int = ROWS, max_length: int = MAX_LENGTH):
+    def __init__(self, head, rows: int = ROWS, max_length: int = MAX_LENGTH, *, cuda_graphs: bool = True):
         if rows < 1 or max_length < 1:
             raise ValueError(f"EagleChain needs rows >= 1 and max_length >= 1, got {rows}, {max_length}")
         super().__init__()  # held: per row, the tokens of the pairs it keeps
         self.head, self._rows, self._max_length = head, rows, max_length
         self.cache: Optional[StaticHeadCache] = None  # made at the first round
         self.last_counts: dict = {}  # request id -> the pairs its row read in the last round's sync
+        # The round's head forwards, each one function whether replayed from CUDA graphs (on CUDA
+        # unless cuda_graphs is off) or called eagerly.
+        on = cuda_graphs and graphs_supported(head.fc.weight.device)
+        self._read = Graphed(self._read_rows, on)  # the sync, widths up to GRAPHED_WIDTH
+        self._greedy = Graphed(self._greedy_chain, on)  # a greedy chain's k argmaxes and k - 1 steps
+        self._step = Graphed(self._sampled_step, on)  # a sampled chain's step
+        self._tree = Graphed(self._tree_step, on)  # a tree step
+        self._widths: set = set()  # sync widths captured for the current cache
 
     @property
     def max_length(self) -> int:
@@ -94,6 +120,9 @@ class EagleChain(RowCache):
             self.cache = StaticHeadCache(self.head.config, rows, max_length + 1, weight.device, weight.dtype)
         else:  # a grown cache keeps every row's entries and length
             self.cache = self.cache.grown(rows, max_length + 1)
+        for graphed in (self._read, self._greedy, self._step, self._tree):
+            graphed.clear()  # captured over the old cache's tensors
+        self._widths.clear()
 
     def _sync(self, state: DraftState, ids: tuple, histories: list, need: int) -> tuple:
         """Make room (`need` slots a row), then bring each request's row to its pairs (the
@@ -105,8 +134,10 @@ class EagleChain(RowCache):
         if self.cache is None:
             self._resized(self._rows, self._max_length)
         self._fit(ids, need)
+        if self._read.enabled:
+            self._capture_widths(state.k + 1, state.features[0])
         rows = [self._row(i)[0] for i in ids]
-        cache, head = self.cache, self.head
+        cache = self.cache
         device, R, B = cache.keys.device, cache.rows, len(ids)
 
         # Roll each row back to the pairs it shares with its request (no copy), then read the
@@ -139,9 +170,65 @@ class EagleChain(RowCache):
         starts_d, inputs_d, flat_d, last_d, rows_d, synced_d = packed.split([R, R * q, flat.shape[0], R, B, R])
         features = torch.cat([f[keep:] for f, keep in zip(state.features, keeps)]).to(device)  # [sum counts, D]
         padded = features.new_zeros(R * q, features.shape[-1]).index_copy_(0, flat_d, features)
-        hidden = forward_rows(head, padded.view(R, q, -1), inputs_d.view(R, q), cache, starts_d)  # [R, q, H]
+        read = self._read if q <= GRAPHED_WIDTH else self._read.fn
+        last_hidden, = read(None, padded.view(R, q, -1), inputs_d.view(R, q), starts_d, last_d)  # [R, H]
         cache.lengths.copy_(synced)
-        return rows, rows_d, synced_d, hidden[cache.row_range, last_d]  # [R, H] each row's last real input
+        return rows, rows_d, synced_d, last_hidden
+
+    def _capture_widths(self, most: int, like: torch.Tensor) -> None:
+        """With CUDA graphs: capture the sync's graph for every width that a request's later
+        rounds can need (accepted + 1 <= most pairs) before a round needs it, so that no capture
+        lands in a measured round. Their inputs are zeros, written past every row's length (free
+        slots, rewritten before anything reads them), and their outputs are dropped. like: a
+        request's features [T, D], whose width and dtype the sync's inputs have."""
+        cache = self.cache
+        R, device = cache.rows, cache.keys.device
+        widths = {static_width(c, cache.capacity) for c in range(1, most + 1)} - self._widths
+        for q in sorted(w for w in widths if w <= GRAPHED_WIDTH):
+            self._read(None, like.new_zeros(R, q, like.shape[-1], device=device),
+                       torch.zeros(R, q, dtype=torch.int64, device=device), cache.lengths.to(device),
+                       torch.zeros(R, dtype=torch.int64, device=device))
+            self._widths.add(q)
+
+    # --- the round's head forwards over every cache row: fixed shapes, no host synchronization,
+    # so that each can be replayed from a CUDA graph (specbench.graphs.Graphed: fn(key, *inputs)).
+
+    def _read_rows(self, _, features, inputs, starts, last) -> tuple:
+        """The sync's forward: features [R, q, D] and inputs [R, q] read at slots starts [R] + j
+        -> (hidden [R, H] at each row's input last [R],)"""
+        hidden = forward_rows(self.head, features, inputs, self.cache, starts)  # [R, q, H]
+        return (hidden[self.cache.row_range, last],)
+
+    def _greedy_chain(self, k, hidden, synced) -> tuple:
+        """A greedy chain for every row: hidden [R, H] the sync's output, synced [R] each row's
+        length after it -> (drafts [R, k] target ids,). Step i feeds (state, draft) at synced + i.
+        Rows of no request draft from padding, past their length."""
+        head, cache, drafts = self.head, self.cache, []
+        for i in range(k):
+            token = head.argmax(hidden)  # [R]
+            drafts.append(token)
+            if i + 1 < k:
+                hidden = forward_rows(head, hidden[:, None], token[:, None], cache, synced + i)[:, 0]  # [R, H]
+        return (torch.stack(drafts, 1),)
+
+    def _sampled_step(self, _, hidden, tokens, starts) -> tuple:
+        """A sampled chain's step: (hidden [R, H], tokens [R]) at slots starts [R] -> (hidden [R, H],)"""
+        return (forward_rows(self.head, hidden[:, None], tokens[:, None], self.cache, starts)[:, 0],)
+
+    def _tree_step(self, _, seen, out, inputs, parents, starts, positions) -> tuple:
+        """A tree step for every row: seen [R, P, S] and out [R, P, H] the previous frontier's
+        visible slots and output states (the root's at step 1: P = 1); inputs [R, W] the new
+        frontier, parents [R, W] each node's parent in the previous one; starts [R] the
+        frontier's first slot, positions [R] its depth past the synced pairs -> (seen [R, W, S],
+        out [R, W, H], logits [R, W, V]). A node sees what its parent sees, and itself: no
+        per-node cache copy."""
+        cache = self.cache
+        (R, W), S = inputs.shape, cache.capacity
+        slots = (starts[:, None] + cache.slot_range[:W]).clamp_(max=S - 1)  # [R, W] where forward_rows writes each node
+        seen = seen.gather(1, parents[:, :, None].expand(R, W, S)).scatter_(2, slots[:, :, None], True)
+        features = out.gather(1, parents[:, :, None].expand(R, W, out.shape[-1]))  # [R, W, H] each parent's output
+        out = forward_rows(self.head, features, inputs, cache, starts, None, positions[:, None].expand(R, W), seen)
+        return seen, out, self.head.logits(out)
 
     @torch.inference_mode()
     def propose(self, state: DraftState, method: str, params: SamplingParams,
@@ -153,27 +240,22 @@ class EagleChain(RowCache):
         # A row ends the round holding n - 1 pairs and k - 1 drafted ones (slots 0 .. n + k - 3);
         # the last slot only takes clamped padding writes.
         rows, rows_d, synced_d, hidden = self._sync(state, ids, histories, max(h.shape[0] for h in histories) + k)
-        cache, head = self.cache, self.head
-        R = cache.rows
-
-        # k steps: draft from the requests' rows; feed every row (own hidden state, draft) for all but the last.
-        drafts, probs = [], []
-        step_ids = torch.zeros(R, 1, dtype=torch.int64, device=cache.keys.device)  # rows of no request read token 0
-        for i in range(k):
-            mine = hidden.index_select(0, rows_d)  # [B, H]
-            if greedy:
-                token = head.argmax(mine)  # [B]
-            else:
-                q_i = probs_from_logits(head.logits(mine), params)  # [B, V] float32
+        if greedy:  # k argmaxes and k - 1 steps, one graph
+            drafts, = self._greedy(k, hidden, synced_d)  # [R, k]
+            tokens, q_all = drafts.index_select(0, rows_d).cpu(), None  # [B, k]
+        else:  # sampled from the requests' rows; every row fed (own hidden state, draft) for all but the last
+            step_ids = torch.zeros(self.cache.rows, dtype=torch.int64, device=rows_d.device)  # no request's rows: 0
+            drafts, probs = [], []
+            for i in range(k):
+                q_i = probs_from_logits(self.head.logits(hidden.index_select(0, rows_d)), params)  # [B, V] float32
                 token = sample(q_i, generator)  # one draw per request, in batch order
+                drafts.append(token)
                 probs.append(q_i)
-            drafts.append(token)
-            if i + 1 < k:
-                step_ids.index_copy_(0, rows_d, token[:, None])
-                hidden = forward_rows(head, hidden[:, None], step_ids, cache, synced_d + i)[:, 0]  # [R, H]
-        cache.lengths[rows] += k - 1
-        tokens = torch.stack(drafts, 1).cpu()  # [B, k]
-        q_all = None if greedy else torch.stack(probs, 1)  # [B, k, V]
+                if i + 1 < k:
+                    step_ids.index_copy_(0, rows_d, token)
+                    hidden, = self._step(None, hidden, step_ids, synced_d + i)  # [R, H]
+            tokens, q_all = torch.stack(drafts, 1).cpu(), torch.stack(probs, 1)  # [B, k], [B, k, V]
+        self.cache.lengths[rows] += k - 1
         return DraftProposal(tokens, torch.full((B,), k, dtype=torch.int64), q_all, None)
 
     @torch.inference_mode()
@@ -187,9 +269,8 @@ class EagleChain(RowCache):
         # synced pairs (the last at n - 2 + (k - 1) W); the last slot only takes clamped padding writes.
         need = max(h.shape[0] for h in histories) - 1 + (state.k - 1) * W
         rows, rows_d, synced_d, hidden = self._sync(state, ids, histories, need)
-        cache, head = self.cache, self.head
-        R, S, device = cache.rows, cache.capacity, cache.keys.device
-        columns = cache.slot_range[:W]  # [W]
+        cache = self.cache
+        R, device = cache.rows, cache.keys.device
         # The previous frontier (the root at step 1) of every cache row: the slots each node sees
         # (its request's synced pairs, its ancestors and itself) and its output hidden state.
         seen = (cache.slot_range[None, :] < synced_d[:, None])[:, None]  # [R, 1, S]
@@ -201,18 +282,13 @@ class EagleChain(RowCache):
             # Rows of no request feed token 0 as children of node 0, past their length.
             inputs = torch.zeros(R, W, dtype=torch.int64, device=device).index_copy_(0, rows_d, tokens.to(device))
             parents = torch.zeros(R, W, dtype=torch.int64, device=device).index_copy_(0, rows_d, parent.to(device))
-            starts = synced_d + step * W  # [R] the frontier's first slot
-            slots = (starts[:, None] + columns).clamp_(max=S - 1)  # [R, W] where forward_rows writes each node
-            # A node sees what its parent sees, and itself: no per-node cache copy.
-            seen = seen.gather(1, parents[:, :, None].expand(R, W, S)).scatter_(2, slots[:, :, None], True)  # [R, W, S]
-            features = out.gather(1, parents[:, :, None].expand(R, W, out.shape[-1]))  # [R, W, H] each parent's output
-            positions = (synced_d + step)[:, None].expand(R, W)  # [R, W] depth step past the synced pairs
-            out = forward_rows(head, features, inputs, cache, starts, None, positions, seen)  # [R, W, H]
+            # The frontier's first slot, and its depth past the synced pairs: [R] each.
+            seen, out, logits = self._tree(None, seen, out, inputs, parents, synced_d + step * W, synced_d + step)
             step += 1
-            return head.logits(out.index_select(0, rows_d))  # [B, W, V]
+            return logits.index_select(0, rows_d)  # [B, W, V]
 
         # The row keeps its length at its synced pairs: the tree entries past it are dropped at the next sync.
-        root = head.logits(hidden.index_select(0, rows_d))  # [B, V]
+        root = self.head.logits(hidden.index_select(0, rows_d))  # [B, V]
         return tree_proposal(expand_trees(root, state, feed), state.max_nodes)
 
 

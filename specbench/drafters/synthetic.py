@@ -44,12 +44,12 @@ class SyntheticDrafter(ChainsAndTrees):
     def from_config(cls, cfg: SyntheticConfig, params: SamplingParams, seed: int = 0) -> SyntheticDrafter:
         return cls(list(cfg.acceptance_rates), cfg.draft_layers, params, seed)
 
-    def attach(self, target, rows: int = ROWS, max_length: int = MAX_LENGTH) -> None:
+    def attach(self, target, rows: int = ROWS, max_length: int = MAX_LENGTH, *, cuda_graphs: bool = True) -> None:
         from specbench.engines.native import Transformer
 
         view = truncated(target, self.draft_layers)
         self.steppers = Steppers(lambda: LMStepper(view))
-        self.chain = NativeChain(lambda: Transformer.from_hf(view), rows, max_length)
+        self.chain = NativeChain(lambda: Transformer.from_hf(view), rows, max_length, cuda_graphs=cuda_graphs)
 
     def rate(self, i: int) -> float:
         """Conditional acceptance of draft position i (0-based); the last rate repeats."""

@@ -1,0 +1,282 @@
+"""specbench.graphs, and EAGLE chains and trees replayed from CUDA graphs (drafters/eagle_chain.py).
+
+Off CUDA a graph is stood in for by FakeGraph, which keeps a CUDA graph's contract: the captured
+call runs once more at each replay over the same static inputs and writes its outputs into the
+captured ones, in place. The captured call and every replay run under NoHostSync, which fails on
+what a real capture cannot hold (a host synchronization, a tensor made from Python data): on
+CUDA those fail the capture or freeze one round's values into every replay. And a replay must
+find the cache it was captured over. On CUDA the same rounds run through real graphs."""
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from conftest import random_head, tiny_llama
+from tree_rounds import chain_state, grow, tree_state
+from specbench import graphs
+from specbench.drafters import eagle_chain
+from specbench.drafters.eagle_chain import GRAPHED_WIDTH, EagleChain
+from specbench.heads import static_width
+from specbench.sampling import SamplingParams
+
+K = 4
+KINDS = ("eagle", "eagle3")
+SIZINGS = [{}, {"rows": 1, "max_length": 8}]  # the defaults; too small: the cache grows mid-run
+SAMPLED = SamplingParams(0.8, 0, 1.0)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest
+
+
+class NoHostSync(TorchDispatchMode):
+    """Fails on an operation a CUDA graph cannot capture or would freeze: reading a tensor's
+    value on the host (.item(), bool(), int(), data-dependent shapes) or a tensor made from
+    Python data (copied from the host at capture, the same values at every replay)."""
+
+    FORBIDDEN = {"aten::_local_scalar_dense", "aten::item", "aten::is_nonzero", "aten::equal", "aten::lift_fresh",
+                 "aten::nonzero", "aten::masked_select"}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        assert func._schema.name not in self.FORBIDDEN, f"{func} inside a captured call"
+        return func(*args, **(kwargs or {}))
+
+
+class FakeGraph:
+    replaying = False  # while a replay runs its call (what a real replay runs on the device)
+
+    def __init__(self, run, out, check):
+        self.run, self.out, self.check = run, out, check
+
+    def replay(self):
+        self.check()
+        FakeGraph.replaying = True
+        try:
+            with NoHostSync():
+                new = self.run()
+            for o, n in zip(self.out, new):
+                o.copy_(n)
+        finally:
+            FakeGraph.replaying = False
+
+
+class HostOps(TorchDispatchMode):
+    """Counts the aten operations the host dispatches, a FakeGraph's replay excluded."""
+
+    def __init__(self):
+        super().__init__()
+        self.n = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.n += not FakeGraph.replaying
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.fixture
+def fake_graphs(monkeypatch):
+    """Graphs on the CPU: -> bind(chain), after which every capture records the chain's cache and
+    each replay asserts that it is still the chain's; the count of captures so far."""
+    captures = []
+    chains = []
+
+    def capture(run, warmups=2):
+        for _ in range(warmups):  # warm-up, as on a side stream: may synchronize (lazy caches)
+            run()
+        with NoHostSync():
+            out = run()
+        cache = chains[0].cache if chains else None
+        captures.append(cache)
+
+        def check():
+            assert not chains or chains[0].cache is cache, "a graph replayed over a replaced cache"
+
+        return FakeGraph(run, out, check), out
+
+    monkeypatch.setattr(graphs, "capture", capture)
+    monkeypatch.setattr(eagle_chain, "graphs_supported", lambda device: True)
+    return chains.append, captures
+
+
+def test_graphed_keeps_a_graph_per_key_and_shapes(fake_graphs):
+    """The first call of a key and input shapes captures over clones of its inputs; later calls
+    copy theirs in and get the same output tensors, rewritten; a new key, shape or dtype
+    captures again; clear() drops them all; disabled, fn runs directly."""
+    _, captures = fake_graphs
+    calls = []
+
+    def fn(key, x, y):
+        calls.append(key)
+        return (x * key + y,)
+
+    graphed = graphs.Graphed(fn, enabled=True)
+    x, y = torch.tensor([1.0, 2.0]), torch.tensor([10.0, 20.0])
+    out, = graphed(3, x, y)
+    assert out.tolist() == [13.0, 26.0] and len(graphed) == 1 and len(captures) == 1
+    x += 1  # the caller's tensor, not the graph's: the output stays until the next replay
+    assert out.tolist() == [13.0, 26.0]
+    again, = graphed(3, x, torch.tensor([0.0, 0.0]))
+    assert again is out and out.tolist() == [6.0, 9.0] and len(captures) == 1
+    graphed(2, x, y)
+    graphed(3, torch.ones(3), torch.ones(3))
+    graphed(3, x.double(), y.double())
+    assert len(graphed) == len(captures) == 4
+    graphed.clear()
+    assert len(graphed) == 0
+    graphed(3, x, y)
+    assert len(captures) == 5
+    eager = graphs.Graphed(fn, enabled=False)
+    calls.clear()
+    first, = eager(3, x, y)
+    second, = eager(3, x, y)
+    assert first is not second and calls == [3, 3] and len(eager) == 0 and len(captures) == 5
+
+
+def test_no_host_sync_fails_a_captured_call_that_reads_a_value(fake_graphs):
+    graphed = graphs.Graphed(lambda key, x: (x * float(x.sum()),), enabled=True)
+    with pytest.raises(AssertionError, match="_local_scalar_dense"):
+        graphed(None, torch.ones(2))
+    graphed = graphs.Graphed(lambda key, x: (x + torch.tensor([1.0, 2.0]),), enabled=True)
+    with pytest.raises(AssertionError, match="lift_fresh"):
+        graphed(None, torch.ones(2))
+
+
+def drive(chain, target, head, generator):
+    """Rounds of chains (greedy and sampled) and trees over three requests and a fourth: rows
+    left idle for a round, a request released and its row taken by a new id, a history cut back
+    past the pairs its row holds. -> every proposal, and each round's (captures of the sync's
+    graphs, whether the cache was replaced)."""
+    histories = {7: torch.tensor([0, 5, 6, 7, 5, 6]), 3: torch.tensor([0, 9]),
+                 11: torch.tensor([0, 3, 4, 3, 4, 3, 9, 10, 11, 12])}
+    proposals, rounds = [], []
+
+    def chain_round(order, accepted, sampled=False):
+        state = chain_state(target, head, histories, order, K)
+        cache = chain.cache
+        if sampled:
+            got = chain.propose(state, "probabilistic", SAMPLED, generator)
+        else:
+            got = chain.propose(state, "greedy", SamplingParams(0.0, 0, 1.0), None)
+        proposals.append(got)
+        rounds.append((len(chain._read), cache is not None and chain.cache is not cache))
+        for b, i in enumerate(order):
+            histories[i] = torch.cat([histories[i], got.tokens[b, : accepted[i]], torch.tensor([40 + i])])
+
+    def tree_round(order, accepted):
+        state = tree_state(target, head, histories, order, 3, 2, 5)
+        cache = chain.cache
+        got = chain.propose_tree(state)
+        proposals.append(got)
+        rounds.append((len(chain._read), cache is not None and chain.cache is not cache))
+        grow(histories, got, order, accepted)
+
+    chain_round((7, 3, 11), {7: 0, 3: K, 11: 2})
+    tree_round((11, 7, 3), {11: None, 7: -1, 3: 1})
+    chain_round((11,), {11: 1}, sampled=True)  # 7's and 3's rows idle
+    chain.release([3])
+    histories[12] = torch.tensor([0, 9, 10, 11, 30, 31, 32])  # a new id, in 3's row
+    del histories[3]
+    chain_round((12, 11, 7), {12: 3, 11: 0, 7: K}, sampled=True)
+    histories[7] = histories[7][:-3]  # lost pairs its row holds: rolled back, the last read again
+    tree_round((7, 12, 11), {7: 0, 12: None, 11: -1})
+    chain_round((7, 12, 11), {7: 1, 12: 2, 11: K})
+    chain_round((11, 7), {11: 0, 7: 0})
+    return proposals, rounds
+
+
+def same_proposals(got, want):
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g.tokens.tolist() == w.tokens.tolist() and g.num_tokens.tolist() == w.num_tokens.tolist()
+        assert (g.parents is None) == (w.parents is None)
+        if g.parents is not None:
+            assert g.parents.tolist() == w.parents.tolist()
+        assert (g.probs is None) == (w.probs is None)
+        if g.probs is not None:
+            assert torch.equal(g.probs, w.probs)
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_llama(seed=1, scale=4.0).requires_grad_(False)
+
+
+@pytest.mark.parametrize("sizing", SIZINGS)
+@pytest.mark.parametrize("kind", KINDS)
+def test_eagle_rounds_through_graphs_draft_what_eager_rounds_draft(kind, sizing, target, fake_graphs):
+    """Chains (greedy: one graph for k argmaxes and k - 1 steps; sampled: a graph a step) and
+    trees (a graph a step) replayed from graphs draft token for token, and q for q, what the same
+    rounds draft eagerly. Every sync width a later round can need (accepted + 1 <= k + 1 pairs)
+    is captured at the first round, so no later round captures one but where the cache grew
+    (which drops the graphs: no replay finds a replaced cache, FakeGraph checks)."""
+    bind, captures = fake_graphs
+    head = random_head(target, kind, 40)
+    eager = EagleChain(head, **sizing, cuda_graphs=False)
+    graphed = EagleChain(head, **sizing)
+    bind(graphed)
+    want, _ = drive(eager, target, head, torch.Generator().manual_seed(5))
+    assert not captures and len(eager._read) == 0
+    got, rounds = drive(graphed, target, head, torch.Generator().manual_seed(5))
+    same_proposals(got, want)
+    assert len(graphed._greedy) > 0 and len(graphed._step) > 0 and len(graphed._tree) > 0
+    later = {static_width(c, graphed.cache.capacity) for c in range(1, K + 2)}
+    assert later <= graphed._widths and max(later) <= GRAPHED_WIDTH
+    for (before, _), (after, grew) in zip(rounds, rounds[1:]):
+        assert after == before or grew  # a capture after the first round: only over a new cache
+    assert any(grew for _, grew in rounds) == bool(sizing)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_greedy_round_through_graphs_leaves_the_host_a_fifth_of_its_eager_work(kind, target, fake_graphs):
+    """What a graph saves is host work: eagerly a greedy EAGLE chain round at k = 4 dispatches
+    about 400 (EAGLE) to 500 (EAGLE-3) aten operations, one by one; through graphs the host
+    dispatches under a fifth of that (about 65) beside its two replays (the sync's and the chain's)."""
+    bind, _ = fake_graphs
+    head = random_head(target, kind, 40)
+    histories = {0: torch.tensor([0, 5, 6, 7, 5, 6, 9, 3]), 1: torch.tensor([0, 9, 4, 4])}
+    greedy = SamplingParams(0.0, 0, 1.0)
+    counts = {}
+    for graphs_on in (False, True):
+        chain = EagleChain(head, cuda_graphs=graphs_on)
+        if graphs_on:
+            bind(chain)
+        chain.propose(chain_state(target, head, histories, (0, 1), K), "greedy", greedy, None)  # first: captures
+        state = chain_state(target, head, {i: torch.cat([h, torch.tensor([11, 12])]) for i, h in histories.items()},
+                            (0, 1), K)
+        with HostOps() as ops:
+            chain.propose(state, "greedy", greedy, None)
+        counts[graphs_on] = ops.n
+    assert counts[False] > 300 and counts[True] * 5 < counts[False], counts
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("sizing", SIZINGS)
+@pytest.mark.parametrize("kind", KINDS)
+def test_eagle_rounds_through_cuda_graphs_draft_what_eager_rounds_draft(kind, sizing):
+    """The same rounds on CUDA, real graphs against eager, fp32: the same drafts and q."""
+    target = tiny_llama(seed=1, scale=4.0).requires_grad_(False).cuda()
+    head = random_head(target, kind, 40).cuda()
+    eager = EagleChain(head, **sizing, cuda_graphs=False)
+    graphed = EagleChain(head, **sizing)
+    want, _ = drive(eager, target, head, torch.Generator("cuda").manual_seed(5))
+    got, _ = drive(graphed, target, head, torch.Generator("cuda").manual_seed(5))
+    assert len(graphed._greedy) > 0 and len(graphed._tree) > 0 and len(eager._greedy) == 0
+    same_proposals(got, want)
+
+
+def test_draft_bench_runs_tiny(tmp_path):
+    """experiments/draft_bench.py on a toy shape on the CPU (both variants eager there): a row per
+    drafter, mode and batch with both timings, drafts identical between the variants (the same
+    weights, requests and seeds), and the provenance."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "experiments" / "draft_bench.py"
+    out = subprocess.run([sys.executable, str(script), str(tmp_path), "--tiny", "--batches", "1,3"],
+                         capture_output=True, text=True, timeout=600, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert out.returncode == 0, out.stderr[-2000:]
+    bench = json.loads((tmp_path / "draft_bench.json").read_text())
+    assert {"device", "torch", "transformers", "git_sha", "date"} <= set(bench)
+    assert [(r["drafter"], r["mode"], r["B"]) for r in bench["rows"]] == [
+        (d, m, B) for d in ("eagle3", "eagle", "draft_model") for m in ("greedy", "sampled", "tree") for B in (1, 3)]
+    assert all(r["graphs_ms"] > 0 and r["eager_ms"] > 0 and r["same_drafts"] and r["rounds"] == 4
+               for r in bench["rows"])
