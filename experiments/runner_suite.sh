@@ -5,8 +5,9 @@
 #   synthetic  the timing control: acceptance dictated at a = 0.6 .. 0.9, k = 1 .. 8, batch 1
 #   real       ngram, ngram_trie, draft_model, layerskip, eagle3 (k = 4 chains) on MT-Bench and
 #              HumanEval, batch 1, 8 and 48, temperature 0 and 0.7
-#   sampling   draft_model with draft_sample_method greedy and probabilistic, T = 0.7, side by
-#              side in one process (so their peak memory compares)
+#   sampling   draft_model with draft_sample_method greedy and probabilistic, T = 0.7, each job in
+#              a process of its own (in one process the second job's peak memory held 0.25 to 0.5
+#              GB more than its q accounts for: results/2026-12-03-h200-afternoon)
 #   eagle3_b8  eagle3 at batch 8, T = 0.7 alone (a re-run)
 #   trees      eagle3 and draft_model (TREE_DRAFTERS) drafting +tree=sglang_5_4_8 (k = 5, topk 4,
 #              8 nodes verified) at batch 1 and 8, temperature 0 (TREE_TEMPS)
@@ -64,6 +65,12 @@ if [[ $parts == *" trees "* ]]; then
       dataset=mt_bench,humaneval batch_size=1,8 dataset.num_prompts=16 max_new_tokens="$tokens"
 fi
 if [[ $parts == *" sampling "* ]]; then
-  real 1,8 16 +drafter=draft_model drafter.draft_sample_method=greedy,probabilistic temperature=0.7
-  real 48 48 +drafter=draft_model drafter.draft_sample_method=greedy,probabilistic temperature=0.7
+  for dataset in mt_bench humaneval; do
+    for b in 1 8 48; do
+      for method in greedy probabilistic; do  # one job a process: peak memory starts clean
+        run +drafter=draft_model drafter.draft_sample_method="$method" temperature=0.7 k=4 dataset="$dataset" \
+            batch_size="$b" dataset.num_prompts="$([ "$b" = 48 ] && echo 48 || echo 16)" max_new_tokens="$tokens"
+      done
+    done
+  done
 fi
