@@ -21,6 +21,7 @@ with provenance) after each measurement and prints a table last.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import sys
@@ -144,6 +145,10 @@ def per_round_ms(name, make, vocab, mode, B, k, ctx, rounds, blocks, feature_wid
         with OpCount() as count:
             propose(chain, requests, mode, k, generator)
         ops[graphs] = count.n
+    del variants, chain  # their graphs and caches, before the next row's
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
     graphs_ms, eager_ms = (statistics.median(timings[g]) for g in (True, False))
     return dict(drafter=name, mode=mode, B=B, k=TREE[0] if mode == "tree" else k, graphs_ms=graphs_ms,
                 eager_ms=eager_ms, eager_over_graphs=eager_ms / graphs_ms, rounds=len(timings[True]),

@@ -18,6 +18,7 @@ so they must be idempotent for the same inputs, as writing keys and values at gi
 
 from __future__ import annotations
 
+import gc
 from typing import Callable, Hashable
 
 import torch
@@ -30,16 +31,27 @@ def supported(device: torch.device) -> bool:
 
 def capture(run: Callable[[], object], warmups: int = 2) -> tuple[object, object]:
     """Run `run` `warmups` times on a side stream, then capture one call -> (graph, its outputs).
-    The outputs are the graph's: every replay writes them again, in place."""
+    The outputs are the graph's: every replay writes them again, in place.
+
+    The garbage collector is run first and kept off during the capture: a graph it frees inside
+    another's capture (a dropped EagleChain's: its Graphed holds bound methods, a reference cycle)
+    invalidates that capture. torch.cuda.graph collected before capturing until torch 2.8."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):  # warm-up (and compilation) outside the capture
         for _ in range(warmups):
             run()
     torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = run()
+    gc.collect()
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = run()
+    finally:
+        if collecting:
+            gc.enable()
     return graph, out
 
 
