@@ -11,8 +11,10 @@ import pandas as pd
 
 from specbench.results import COLUMNS, read_jsonl
 
-# A speculative run is compared with the baseline run that shares all of these.
-BASELINE_MATCH = ("target", "dataset", "num_prompts", "max_new_tokens", "temperature", "batch_size", "device", "dtype",
+# A speculative run is compared with the baseline run that shares all of these. `sampling` is
+# "greedy" at temperature 0 (whatever top_k, top_p and seed), else temperature, top_k, top_p and
+# seed: as run.baseline_path keys the cached baseline.
+BASELINE_MATCH = ("target", "dataset", "num_prompts", "max_new_tokens", "sampling", "batch_size", "device", "dtype",
                   "engine", "engine_options")
 
 
@@ -51,11 +53,21 @@ def with_speedup(frame: pd.DataFrame, match: Sequence[str] = BASELINE_MATCH) -> 
     """Adds baseline_tpot_ms (the median over matching baseline runs) and speedup_vs_baseline
     = baseline_tpot_ms / tpot_ms, for decode runs; NaN where no baseline matches."""
     runs = decode_runs(frame).drop(columns=["baseline_tpot_ms"], errors="ignore")
+    runs["sampling"] = sampling_key(runs)
     keys = [m for m in match if m in runs.columns]
     base = runs[runs.drafter.isna()].groupby(keys, dropna=False)["tpot_ms"].median().rename("baseline_tpot_ms")
     out = runs.merge(base.reset_index(), on=keys, how="left")
     out["speedup_vs_baseline"] = out.baseline_tpot_ms / out.tpot_ms
     return out
+
+
+def sampling_key(runs: pd.DataFrame) -> pd.Series:
+    """What of the sampling parameters a run's outputs and timings depend on, one string a run:
+    "greedy" at temperature 0, else "temperature top_k top_p seed"."""
+    params = [runs[c].astype(str) if c in runs.columns else pd.Series("?", index=runs.index)
+              for c in ("temperature", "top_k", "top_p", "seed")]
+    sampled = params[0].str.cat(params[1:], sep=" ")
+    return sampled.where(runs.temperature != 0, "greedy")
 
 
 def pooled_acceptance(accept_pos, accept_reached) -> float:

@@ -331,13 +331,23 @@ def _validate_impl(cfg, key: str, impl: str) -> None:
         raise ConfigError(key, impl, f"valid impls: {', '.join(IMPLS)}")
     if impl == "triton" and importlib.util.find_spec("triton") is None:
         raise ConfigError(key, impl, "needs the triton package (pip install triton, Linux)")
-    tree = cfg.get("tree")
-    tree_sampled = tree is not None and tree.topk > 1 and cfg.temperature > 0
+    tree_sampled = proposes_trees(cfg) and cfg.temperature > 0
     if impl == "triton" and key == "rule.impl" and tree_sampled and cfg.rule.name in ("standard", "onehot"):
         raise ConfigError(key, impl, f"the tree kernel is SGLang's target-only walk: use rule target_only or thresholded, not {cfg.rule.name}")
 
 
 CHAIN_DRAFTERS = ("ngram", "synthetic")  # propose chains only
+
+
+def proposes_trees(cfg) -> bool:
+    """Whether the run's proposals are trees (verified by rules.verify_trees): ngram_trie's
+    always, a model drafter's where the tree shape is not a chain of k (topk > 1, or fewer than
+    k + 1 tokens: drafters.expand.is_chain)."""
+    if cfg.get("drafter") is None:
+        return False
+    tree = cfg.get("tree")
+    return cfg.drafter.name == "ngram_trie" or tree is not None and (
+        tree.topk > 1 or tree.num_draft_tokens is not None and tree.num_draft_tokens <= cfg.k)
 
 
 def _validate_tree(cfg) -> None:
@@ -353,10 +363,11 @@ def _validate_tree(cfg) -> None:
         raise ConfigError("tree.num_draft_tokens", tree.num_draft_tokens, f"must be in [2, {most}] for k={cfg.k}, topk={tree.topk}")
     if tree.topk > 1 and cfg.drafter.name in CHAIN_DRAFTERS:
         raise ConfigError("tree.topk", tree.topk, f"drafter {cfg.drafter.name} proposes chains only (topk=1); ngram_trie and the model drafters take trees")
-    if tree.topk > 1 and cfg.drafter.get("draft_sample_method") == "probabilistic":
+    if proposes_trees(cfg) and cfg.drafter.get("draft_sample_method") == "probabilistic":
         raise ConfigError(
             "drafter.draft_sample_method", "probabilistic",
-            "a tree (topk > 1) expands the top-k deterministically; probabilistic drafting is for chains",
+            "a tree (topk > 1, or fewer than k + 1 tokens) expands the top-k deterministically; probabilistic "
+            "drafting is for chains",
         )
 
 

@@ -12,8 +12,10 @@ SGLang: before each round the allocated length is raised to at least L_r + 2 x m
     topk, num_draft_tokens) (the factor 2 double-buffers the overlap scheduler); what lies past
     the committed length is returned when the request ends. Reserved = the peak allocation.
 
-Used = the committed length at the end, T + sum (a_r + 1): what a cache without speculation
-holds for the same text. Pages are taken as one slot (page_size 1); real allocators round up.
+Used = what a cache without speculation holds for the same text: T + n - 1 for n generated
+tokens (the last one is never fed), which is T + sum (a_r + 1) unless the last round's tokens
+were cut at EOS or max_new_tokens. Pages are taken as one slot (page_size 1); real allocators
+round up.
 """
 
 from __future__ import annotations
@@ -35,22 +37,23 @@ class Policy:
         return 2 * max(self.k * self.topk, self.num_draft_tokens or self.k * self.topk + 1)
 
 
-def request_slots(prompt_tokens: int, drafted: list, accepted: list, policy: Policy) -> dict:
-    """One request -> {"used", "vllm", "sglang"} slot counts (peaks for the reservations)."""
+def request_slots(prompt_tokens: int, generated: int, drafted: list, accepted: list, policy: Policy) -> dict:
+    """One request of `generated` tokens -> {"used", "vllm", "sglang"} slot counts (peaks for
+    the reservations)."""
     length = prompt_tokens  # the prefill's slots
     vllm = sglang = length
     for d, a in zip(drafted, accepted):
         vllm = max(vllm, length + 1 + d + policy.lookahead)
         sglang = max(sglang, length + policy.sglang_per_round)
         length += a + 1
-    return {"used": length, "vllm": vllm, "sglang": sglang}
+    return {"used": prompt_tokens + generated - 1, "vllm": vllm, "sglang": sglang}
 
 
 def summarize_slots(records: list, policy: Optional[Policy]) -> dict:
     """Results columns, means over requests. None for the baseline (no speculation)."""
     if policy is None or not records:
         return {"kv_slots_used": None, "kv_slots_reserved_vllm": None, "kv_slots_reserved_sglang": None}
-    per = [request_slots(r.prompt_tokens, r.drafted, r.accepted, policy) for r in records]
+    per = [request_slots(r.prompt_tokens, len(r.tokens), r.drafted, r.accepted, policy) for r in records]
     return {
         "kv_slots_used": mean(p["used"] for p in per),
         "kv_slots_reserved_vllm": mean(p["vllm"] for p in per),

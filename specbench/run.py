@@ -45,15 +45,21 @@ DRAFTERS = {
 }
 MODEL_FREE = ("ngram", "ngram_trie")  # drafters without a model: no draft KV, no lookahead slots
 WARMUP_TOKENS = 8
+# The drafter's generator is seeded with seed ^ DRAFTER_SEED, the runner's (acceptance coins,
+# residual and bonus draws) with seed: two generators seeded alike on one device give the same
+# stream, and a draft drawn from the numbers that then decide its acceptance breaks the rules'
+# independence (the losslessness argument needs the coin independent of the draft).
+DRAFTER_SEED = 0x5EED_D8AF
 
 
 def build_drafter(cfg: DictConfig, params: SamplingParams, seed: int):
-    """The drafter, its parameters checked; model weights load later, in `attach`."""
+    """The drafter, its parameters checked; model weights load later, in `attach`. seed: the
+    run's; the drafter draws from a stream of its own (DRAFTER_SEED)."""
     if cfg.name not in DRAFTERS:
         raise ConfigError("drafter", cfg.name, f"valid drafters: {', '.join(DRAFTERS)}")
     if cfg.name in MODEL_FREE:
         return DRAFTERS[cfg.name](cfg)
-    return DRAFTERS[cfg.name](cfg, params=params, seed=seed)
+    return DRAFTERS[cfg.name](cfg, params=params, seed=seed ^ DRAFTER_SEED)
 
 
 def tree_shape(cfg: DictConfig) -> tuple[int, Optional[int]]:
@@ -112,8 +118,17 @@ def decode_all(engine, inputs, prompts, *, cfg, params, eos, spec, desc) -> tupl
     return records, stats, clock
 
 
-def build_engine(cfg: DictConfig, model, inputs: list, feature_layers: tuple):
-    """The target's engine, sized for the run: batch_size rows of the longest request."""
+def warm_up(engine, inputs, prompts, kw: dict, spec) -> None:
+    """A short decode of the first engine.rows prompts, excluded from every number: first-call
+    allocations, kernel selection, compilation and CUDA-graph capture of every forward shape the
+    measured decode uses (a speculative run's verify, and its drafter's), with every row busy."""
+    warm = OmegaConf.merge(kw["cfg"], {"max_new_tokens": min(WARMUP_TOKENS, kw["cfg"].max_new_tokens)})
+    decode_all(engine, inputs[: engine.rows], prompts[: engine.rows], **{**kw, "cfg": warm}, spec=spec, desc="warm-up")
+
+
+def build_engine(cfg: DictConfig, model, inputs: list, feature_layers: tuple, speculative: bool = True):
+    """The target's engine, sized for the run: batch_size rows of the longest request (and, for a
+    speculative run, room for its verify inputs)."""
     if cfg.engine.name == "hf":
         from specbench.engines.hf import HFEngine
 
@@ -125,7 +140,7 @@ def build_engine(cfg: DictConfig, model, inputs: list, feature_layers: tuple):
     except ValueError as e:
         raise ConfigError("engine", cfg.engine.name, str(e)) from None
     topk, tokens = tree_shape(cfg)
-    q = 1 + max(cfg.k * topk, tokens or 0) if cfg.drafter is not None else 1
+    q = 1 + max(cfg.k * topk, tokens or 0) if speculative and cfg.drafter is not None else 1
     longest = max(x.shape[0] for x in inputs)
     return NativeEngine(
         native, cfg.batch_size, longest + cfg.max_new_tokens + q + 1, feature_layers=feature_layers,
@@ -200,40 +215,44 @@ def run(cfg: DictConfig, row: dict) -> tuple[list, list]:
 
     model, tokenizer = load_target(cfg.target)
     inputs = encode_prompts(prompts, tokenizer)
+    topk, num_draft_tokens = tree_shape(cfg)
     if hasattr(drafter, "attach"):  # model drafters: their batched chains' cache sized like the target's
         longest = max(x.shape[0] for x in inputs)
-        drafter.attach(model, rows=cfg.batch_size, max_length=longest + cfg.max_new_tokens + cfg.k + 2,
+        ahead = max(cfg.k, (cfg.k - 1) * topk + 1)  # a chain's k - 1 drafts, a tree's k - 1 frontiers
+        drafter.attach(model, rows=cfg.batch_size, max_length=longest + cfg.max_new_tokens + ahead + 2,
                        cuda_graphs=cfg.engine.cuda_graphs)
-    engine = build_engine(cfg, model, inputs, tuple(getattr(drafter, "feature_layers", ())))
-    device = provenance.device_name(engine.device)
+    device = provenance.device_name(next(model.parameters()).device)
     eos = eos_ids(tokenizer, model)
-    topk, num_draft_tokens = tree_shape(cfg)
     impl = cfg.rule.impl if cfg.rule is not None else "torch"
     spec = Speculation(drafter, rule, cfg.k, rule_params, topk, num_draft_tokens, impl) if drafter is not None else None
     kw = dict(cfg=cfg, params=params, eos=eos)
 
-    # Warm-up, excluded from every number: first-call allocations, kernel selection, compilation
-    # and CUDA-graph capture of every forward shape the measured decodes use (the baseline's
-    # single-token step and the speculative verify), with every row busy.
-    warm = OmegaConf.merge(cfg, {"max_new_tokens": min(WARMUP_TOKENS, cfg.max_new_tokens)})
-    for warm_spec in ((None, spec) if spec is not None else (None,)):
-        decode_all(engine, inputs[: engine.rows], prompts[: engine.rows], **{**kw, "cfg": warm}, spec=warm_spec, desc="warm-up")
-    if spec is not None and cfg.drafter.name in MODEL_FREE:  # ngram_trie would keep what the warm-up said
-        spec = dataclasses.replace(spec, drafter=build_drafter(cfg.drafter, params, cfg.seed))
-
     base_file = baseline_path(cfg, device, next(model.parameters()).dtype, len(prompts))
     baseline = read_json(base_file) if base_file.exists() else None
     records = None
-    if baseline is None:
+    if baseline is None or spec is None:
+        # The baseline runs on an engine of its own: one token a step, no target features kept
+        # for a drafter, so that its timings are the target's alone, whichever run caches it.
+        engine = build_engine(cfg, model, inputs, (), speculative=False)
+        warm_up(engine, inputs, prompts, kw, None)
         _reset_peak_memory(engine.device)
         base_records, _, base_clock = decode_all(engine, inputs, prompts, **kw, spec=None, desc="baseline")
-        base_summary = summarize(base_records, SpecStats(0), wall_s=0.0, clock=base_clock)
-        baseline = {"tokens": [r.tokens for r in base_records], "device": device, "git_sha": row["git_sha"],
-                    "run_id": row["run_id"], **{key: base_summary[key] for key in ("tpot_ms", "throughput_tok_s", "verify_ms")}}
-        atomic_write(base_file, json.dumps(baseline) + "\n")
+        if baseline is None:
+            base_summary = summarize(base_records, SpecStats(0), wall_s=0.0, clock=base_clock)
+            baseline = {"tokens": [r.tokens for r in base_records], "device": device, "git_sha": row["git_sha"],
+                        "run_id": row["run_id"],
+                        **{key: base_summary[key] for key in ("tpot_ms", "throughput_tok_s", "verify_ms")}}
+            atomic_write(base_file, json.dumps(baseline) + "\n")
         if spec is None:  # the baseline run is this computation: report it, do not decode twice
             records, stats, clock = base_records, SpecStats(0), base_clock
+        else:
+            del engine
+            _release_memory()  # the baseline's engine must not count in the speculative run's peak
     if records is None:
+        engine = build_engine(cfg, model, inputs, tuple(getattr(drafter, "feature_layers", ())))
+        warm_up(engine, inputs, prompts, kw, spec)
+        if cfg.drafter.name in MODEL_FREE:  # ngram_trie would keep what the warm-up said
+            spec = dataclasses.replace(spec, drafter=build_drafter(cfg.drafter, params, cfg.seed))
         _reset_peak_memory(engine.device)
         records, stats, clock = decode_all(engine, inputs, prompts, **kw, spec=spec, desc=row["run_id"])
 

@@ -135,28 +135,35 @@ def decode_requests(
     records: list = [None] * len(prompts)
     clock = clock if clock is not None else RoundClock()
 
-    def finish(row: int) -> None:
-        r = batch.live.pop(row)
-        _synchronize(device)
-        records[r.index] = RequestRecord(
-            prompt_id=prompt_ids[r.index] if prompt_ids else str(r.index), prompt_tokens=r.prompt_tokens,
-            tokens=r.generated, ttft_s=r.ttft_s, decode_s=time.perf_counter() - r.t0 - r.ttft_s,
-            drafted=r.drafted, accepted=r.accepted, prefill_wait_s=batch.prefill_s - r.prefill_mark,
-        )
-        if spec is not None and hasattr(spec.drafter, "release"):
-            spec.drafter.release((r.index,))
-        batch.admit(row)
-
     def done(r: _Request) -> bool:
         return len(r.generated) >= max_new_tokens or r.generated[-1] in eos_ids
+
+    def retire() -> None:
+        """Record every finished request, then give its row to the next prompt; again while a
+        new request is finished by its first token (EOS, or max_new_tokens = 1). Every request
+        that finished in a round is stamped before any admission, so that no request's decode
+        time or prefill wait holds the prefills that follow its last token."""
+        while finished := [row for row, r in batch.live.items() if done(r)]:
+            _synchronize(device)
+            end = time.perf_counter()
+            for row in finished:
+                r = batch.live.pop(row)
+                records[r.index] = RequestRecord(
+                    prompt_id=prompt_ids[r.index] if prompt_ids else str(r.index), prompt_tokens=r.prompt_tokens,
+                    tokens=r.generated, ttft_s=r.ttft_s, decode_s=end - r.t0 - r.ttft_s,
+                    drafted=r.drafted, accepted=r.accepted, prefill_wait_s=batch.prefill_s - r.prefill_mark,
+                )
+                if spec is not None and hasattr(spec.drafter, "release"):
+                    spec.drafter.release((r.index,))
+            for row in finished:
+                batch.admit(row)
 
     _synchronize(device)
     start = time.perf_counter()
     for row in range(engine.rows):
         batch.admit(row)
     while batch.live:
-        for row in [row for row, r in batch.live.items() if done(r)]:
-            finish(row)
+        retire()
         if not batch.live:
             break
         _synchronize(device)  # the prefills of admitted requests finish outside the round's clocks
@@ -171,27 +178,30 @@ def decode_requests(
                 request_ids=tuple(r.index for r in reqs),
             ))
             num = proposal.num_tokens.tolist()
-        _synchronize(device)
-        t_forward = time.perf_counter()
 
         # Inputs [B, q]: each live row's last token, then its drafts; idle rows and padding read 0.
+        # Built on the host and counted as drafting (SGLang builds a tree's mask in its draft
+        # step too), so that verify_ms is the target's forward.
         M = proposal.tokens.shape[1] if proposal is not None else 0
         tokens = torch.zeros(engine.rows, 1 + M, dtype=torch.long)
+        drafts = proposal.tokens.cpu() if proposal is not None else None  # [A, M], one copy
         for j, (row, r, m) in enumerate(zip(rows, reqs, num)):
             tokens[row, 0] = r.history[r.n - 1]
             if m:
-                tokens[row, 1 : 1 + m] = proposal.tokens[j, :m].cpu()
-        trees = {}
+                tokens[row, 1 : 1 + m] = drafts[j, :m]
+        trees, tree_inputs = {}, ()
         if proposal is not None and not proposal.is_chain:
             depth = torch.zeros(engine.rows, 1 + M, dtype=torch.long)
             ancestors = torch.eye(1 + M, dtype=torch.bool).repeat(engine.rows, 1, 1)  # padding sees itself
+            parents = proposal.parents.cpu()  # [A, M]
             for j, (row, m) in enumerate(zip(rows, num)):
-                trees[row] = tree = compile_tree(with_root(proposal.parents[j, :m].cpu()))
+                trees[row] = tree = compile_tree(with_root(parents[j, :m]))
                 depth[row, : m + 1] = tree.depth
                 ancestors[row, : m + 1, : m + 1] = tree.mask
-            out = engine.forward(tokens, depth, ancestors)
-        else:
-            out = engine.forward(tokens)
+            tree_inputs = (depth, ancestors)
+        _synchronize(device)
+        t_forward = time.perf_counter()
+        out = engine.forward(tokens, *tree_inputs)
         logits, step_features = out if engine.feature_layers else (out, None)
         index = torch.tensor(rows, device=logits.device)
         probs = probs_from_logits(logits[index], params)  # [A, q, V]
@@ -232,6 +242,7 @@ def decode_requests(
             r.history[r.n : r.n + len(emitted)] = torch.tensor(emitted)
             r.n += len(emitted)
             r.generated += emitted
+        _synchronize(device)  # the round's cache moves (a tree path's KV entries) count in it
         clock.observe(t_forward - t_draft, t_rule - t_forward, time.perf_counter() - t_rule)
     _synchronize(device)
     clock.elapsed_s += time.perf_counter() - start

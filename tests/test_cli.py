@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
@@ -78,7 +79,11 @@ def test_misspelt_keys_fail_at_compose_time():
         (["+drafter=eagle3", "+tree=chain", "tree.steps=3"], "tree.steps=3: the depth is k (k=4)"),
         (["+drafter=layerskip", "+tree=sglang_5_4_8", "tree.num_draft_tokens=99"], "tree.num_draft_tokens=99: must be in [2, 69]"),
         (["+drafter=draft_model", "drafter.draft_sample_method=probabilistic", "+tree=sglang_5_4_8"],
-         "drafter.draft_sample_method=probabilistic: a tree (topk > 1)"),
+         "drafter.draft_sample_method=probabilistic: a tree (topk > 1"),
+        (["+drafter=draft_model", "drafter.draft_sample_method=probabilistic", "+tree=chain", "tree.num_draft_tokens=3"],
+         "drafter.draft_sample_method=probabilistic: a tree (topk > 1, or fewer than k + 1 tokens)"),
+        (["+drafter=ngram_trie", "+rule=onehot", "rule.impl=triton", "temperature=0.7"],
+         "rule.impl=triton: the tree kernel is SGLang's target-only walk"),
         (["+drafter=draft_model", "drafter.draft_sample_method=often"], "drafter.draft_sample_method=often"),
         (["+drafter=draft_model", "drafter.path=/no/draft"], "drafter.path=/no/draft: no such checkpoint"),
         (["+drafter=eagle", "drafter.path=specbench://checkpoints/smollm2_135m/eagle3"], "holds an eagle3 head, not eagle"),
@@ -202,3 +207,54 @@ def test_a_draft_vocabulary_that_differs_stops_before_the_target_loads(monkeypat
     DraftModel.vocab_size = 96  # the same vocabulary passes the check and goes on to load
     with pytest.raises(pytest.fail.Exception, match="model loaded"):
         run_module.run(cfg, {})
+
+
+def test_the_baseline_runs_on_an_engine_of_its_own(tiny_checkpoint, tmp_path):
+    """An EAGLE-3 run caches the baseline on an engine with no target features to keep and room
+    for one token a step, then decodes on an engine with its head's features and room for its
+    verify: the baseline's timings are the target's alone. An n-gram run after it reuses that
+    baseline and builds only its own engine."""
+    from transformers import AutoModelForCausalLM
+
+    from conftest import random_head
+    from specbench.heads import save_head
+    from specbench.results import new_run_id
+
+    target = AutoModelForCausalLM.from_pretrained(tiny_checkpoint)
+    head = save_head(random_head(target, "eagle3", 40), tmp_path / "head")
+    built = []
+    build = run_module.build_engine
+
+    def recorded(*args, **kwargs):
+        engine = build(*args, **kwargs)
+        built.append((engine.feature_layers, engine.capacity))
+        return engine
+
+    def run(*overrides):
+        cfg = cfg_of(*tiny(tiny_checkpoint, tmp_path / "results", "k=3", *overrides))
+        row = run_module._base_row(cfg, new_run_id("x"), "x")
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(run_module, "build_engine", recorded)
+            rows, _ = run_module.run(cfg, row)
+        return rows[0]
+
+    eagle = run("+drafter=eagle3", f"drafter.path={head}")
+    (base_layers, base_slots), (layers, slots) = built
+    assert base_layers == () and layers == tuple(random_head(target, "eagle3", 40).config.feature_layers) != ()
+    assert slots - base_slots == 3  # a verify of 1 + k = 4 inputs against one token a step
+    built.clear()
+    ngram = run("+drafter=ngram")
+    assert built == [((), slots)] and ngram["baseline_tpot_ms"] == eagle["baseline_tpot_ms"]
+    assert len(list((tmp_path / "results" / "baselines").glob("*.json"))) == 1
+
+
+def test_the_drafter_draws_from_a_stream_of_its_own():
+    """A model drafter's generator is not seeded like the runner's: two generators seeded alike
+    give one stream, and a draft must not be drawn from the numbers that decide its acceptance."""
+    params = run_module.SamplingParams(0.7, 0, 1.0)
+    for name in ("layerskip", "eagle3"):
+        drafter = run_module.build_drafter(cfg_of(f"+drafter={name}").drafter, params, 7)
+        assert drafter.seed == 7 ^ run_module.DRAFTER_SEED != 7
+    coins = run_module.build_drafter(cfg_of("+drafter=synthetic").drafter, params, 7).coins  # the synthetic control's
+    runner = torch.rand(16, generator=torch.Generator().manual_seed(7))
+    assert not torch.equal(torch.rand(16, generator=coins), runner)

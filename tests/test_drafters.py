@@ -370,11 +370,13 @@ def test_synthetic_control_gives_the_prescribed_tokens_per_round(target):
 def test_kv_slots_under_both_policies_by_hand():
     # prompt 10; round 1 drafts 4 accepts 2; round 2 drafts 4 accepts 4; round 3 drafts 0
     p = Policy(k=4, topk=1, num_draft_tokens=None, lookahead=4)
-    slots = request_slots(10, [4, 4, 0], [2, 4, 0], p)
-    # used: 10 + 3 + 5 + 1 = 19
+    slots = request_slots(10, 10, [4, 4, 0], [2, 4, 0], p)
+    # used: 10 + 3 + 5 + 1 = 19, the prompt and the 10 tokens (the prefill's and 3 + 5 + 1) but the last
     # vLLM: round 1 needs 10 + 1 + 4 + 4 = 19, round 2 13 + 9 = 22, round 3 18 + 1 + 0 + 4 = 23
     # SGLang: 2 x max(4, 5) = 10 ahead of the committed length: 10, 13, 18 -> peak 28
     assert slots == {"used": 19, "vllm": 23, "sglang": 28}
+    # EOS at the second of round 2's five tokens: 1 + 3 + 2 = 6 generated; round 2 reserved its slots all the same
+    assert request_slots(10, 6, [4, 4], [2, 4], p) == {"used": 15, "vllm": 22, "sglang": 23}
     # SGLang's Llama default (5, 4, 8): 2 x max(20, 8) = 40 slots ahead of the committed length
     assert Policy(k=5, topk=4, num_draft_tokens=8).sglang_per_round == 40
     assert Policy(k=3, topk=1, num_draft_tokens=4).sglang_per_round == 8

@@ -168,3 +168,53 @@ def test_tree_rounds_verify_every_request_in_one_launch(monkeypatch):
     tokens, rounds, request_rounds = decode_all(spec, params=SamplingParams(temperature=0.8))
     assert all(1 <= len(t) <= 16 and all(0 <= x < 96 for x in t) for t in tokens)
     assert len(launches) == rounds < request_rounds and max(launches) == 3
+
+
+def test_a_request_admitted_into_a_freed_row_can_finish_on_its_first_token(tiny_model):
+    """A request that takes a finished request's row and whose first token (the prefill's) is
+    EOS, or reaches max_new_tokens = 1, is done there: no round decodes past it, as for the
+    requests admitted at the start."""
+    from conftest import make_engine
+
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(2, 96, (6,), generator=g) for _ in range(3)]
+    with torch.no_grad():
+        first = int(tiny_model(prompts[1][None]).logits[0, -1].argmax())
+    for rows in (1, 2):
+        clock = RoundClock()
+        records = decode_requests(make_engine("native", tiny_model, rows=rows), prompts, params=GREEDY,
+                                  max_new_tokens=8, eos_ids=frozenset({first}), generator=torch.Generator(),
+                                  clock=clock)
+        assert records[1].tokens == [first] and records[1].drafted == [], rows
+        clock = RoundClock()
+        records = decode_requests(make_engine("native", tiny_model, rows=rows), prompts, params=GREEDY,
+                                  max_new_tokens=1, eos_ids=frozenset(), generator=torch.Generator(), clock=clock)
+        assert [len(r.tokens) for r in records] == [1, 1, 1] and clock.steps == 0, rows
+
+
+def test_requests_that_finish_together_are_not_charged_the_prefills_after_them(tiny_model, monkeypatch):
+    """Two rows, four prompts of one length, no EOS: the first two requests finish in the same
+    round. A clock that moves only in prefills (1 s each) shows what each request is charged:
+    the first waited for the second's prefill (1 s of decode time and of prefill wait), the
+    second for nothing. Neither is charged the prefills of the requests that replace them."""
+    import types
+
+    import specbench.runner as runner
+    from conftest import make_engine
+
+    now = [0.0]
+    monkeypatch.setattr(runner, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
+    engine = make_engine("native", tiny_model, rows=2)
+    prefill = engine.prefill
+
+    def slow_prefill(row, ids):
+        now[0] += 1.0
+        return prefill(row, ids)
+
+    engine.prefill = slow_prefill
+    prompts = [torch.tensor([0, 5, 17, 42, 7, 9 + i]) for i in range(4)]
+    records = decode_requests(engine, prompts, params=GREEDY, max_new_tokens=4, eos_ids=frozenset(),
+                              generator=torch.Generator())
+    assert [len(r.tokens) for r in records] == [4] * 4
+    assert [r.decode_s for r in records] == [1.0, 0.0, 1.0, 0.0]
+    assert [r.prefill_wait_s for r in records] == [1.0, 0.0, 1.0, 0.0]

@@ -3,8 +3,11 @@
 For a history t[0..T-1] the drafter looks for the longest n in [min_n, max_n] whose suffix
 t[T-n..T-1] occurs earlier, at some start i with i + n <= T - 1 (so not the suffix itself, and
 at least one token follows the match), and proposes the up-to-k tokens that follow it,
-t[i+n : min(i+n+k, T)]. Among matches of that longest n the rightmost (most recent) one wins.
-No match: no proposal this round.
+t[i+n : min(i+n+k, T)]. Among matches of that longest n the rightmost (most recent) one wins:
+vLLM v0.32.0's GPU speculator (v1/worker/gpu/spec_decode/ngram/speculator.py, which `ngram` and
+`ngram_gpu` both select in the V2 model runner) packs (n, position) into one score and takes the
+maximum. vLLM's older CPU proposer (v1/spec_decode/ngram_proposer.py, a KMP over the reversed
+history) keeps the earliest of the longest matches instead. No match: no proposal this round.
 
 Letters: B requests, k draft tokens, T tokens so far, E candidate match end positions (T - 1).
 """
