@@ -53,8 +53,9 @@ class SpecStats:
 
 @dataclass
 class RoundClock:
-    """Wall time per batched round, split in three: drafting, the target's forward (sampling
-    transform included), and the rest (acceptance rule, KV bookkeeping, history updates)."""
+    """Wall time per batched round, split in three: drafting (the proposal and the verify inputs
+    built from it, a tree's mask included), the target's forward (sampling transform included),
+    and the rest (acceptance rule, KV bookkeeping and cache moves, history updates)."""
 
     steps: int = 0  # batched rounds: target forwards after the prefills
     draft_s: float = 0.0
