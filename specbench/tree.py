@@ -81,28 +81,33 @@ def with_root(parents: torch.Tensor) -> torch.Tensor:
 
 
 def select_nodes(parents: torch.Tensor, scores: torch.Tensor, max_nodes: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Keep the max_nodes best expanded candidates, as EAGLE-2 and SGLang do.
+    """Keep the max_nodes best expanded candidates, as EAGLE-2 and SGLang do, for one tree or B.
 
-    parents: [C] the candidate each candidate was expanded from (-1: the root), earlier
-    candidates first; scores: [C] cumulative draft log-probabilities.
-    Returns (kept: [M] candidate indices in creation order, tree parents: [M] in 0..M, 0 = root).
+    parents: [C] (or [B, C]) the candidate each candidate was expanded from (-1: the root),
+    earlier candidates first; scores: [C] (or [B, C]) cumulative draft log-probabilities.
+    Returns (kept: [M] candidate indices in creation order, tree parents: [M] in 0..M, 0 = root),
+    each [B, M] for B trees; M = min(max_nodes, C).
 
     A child's score is its parent's plus a log-probability <= 0, so with ties broken toward the
-    earlier candidate the best max_nodes always include every kept node's ancestors. Creation
-    order puts parents before children and siblings in the drafter's preference order.
+    earlier candidate (a stable sort) the best max_nodes always include every kept node's
+    ancestors. Creation order puts parents before children and siblings in the drafter's
+    preference order.
     """
-    C = scores.shape[0]
-    m = min(max_nodes, C)
-    order = sorted(range(C), key=lambda c: (-float(scores[c]), c))[:m]
-    kept = torch.tensor(sorted(order), dtype=torch.int64)
-    position = {int(c): i + 1 for i, c in enumerate(kept)}  # candidate -> tree node
-    tree_parents = []
-    for c in kept.tolist():
-        p = int(parents[c])
-        if p >= 0 and p not in position:
-            raise ValueError(f"candidate {c} kept without its parent {p}: scores must not increase along a path")
-        tree_parents.append(position[p] if p >= 0 else 0)
-    return kept, torch.tensor(tree_parents, dtype=torch.int64)
+    single = scores.dim() == 1
+    if single:
+        parents, scores = parents[None], scores[None]
+    (B, C), m = scores.shape, min(max_nodes, scores.shape[1])
+    best = torch.sort(scores, dim=1, descending=True, stable=True).indices[:, :m]  # [B, m]
+    kept = best.sort(dim=1).values  # [B, m] in creation order
+    position = torch.zeros(B, C, dtype=torch.int64).scatter_(1, kept, torch.arange(1, m + 1).expand(B, m))
+    above = parents.gather(1, kept)  # [B, m] each kept candidate's parent candidate, -1: the root
+    tree_parents = torch.where(above >= 0, position.gather(1, above.clamp(min=0)), 0)  # [B, m] in 0..m
+    orphans = ((above >= 0) & (tree_parents == 0)).nonzero()
+    if orphans.shape[0]:
+        b, j = orphans[0].tolist()
+        raise ValueError(f"candidate {int(kept[b, j])} kept without its parent {int(above[b, j])}: "
+                         "scores must not increase along a path")
+    return (kept[0], tree_parents[0]) if single else (kept, tree_parents)
 
 
 def attention_mask(prefix: int, mask: torch.Tensor, dtype: torch.dtype, device) -> torch.Tensor:

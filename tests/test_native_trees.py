@@ -201,10 +201,10 @@ def test_expand_trees_scores_by_cumulative_log_probability():
         return torch.log(torch.tensor([children[int(t)] for t in tokens[0]]))[None]  # [1, W, V]
 
     state = DraftState(tokens=[torch.tensor([0])], k=2, topk=2, num_draft_tokens=5)
-    (tokens, parents), = expand_trees(root, state, feed)
+    tokens, parents = expand_trees(root, state, feed)  # [1, 4] each
     # candidates: c0 = 0 (.5), c1 = 1 (.25); c0's children c2 = 2 (.3), c3 = 1 (.075); c1's
     # children c4 = 1 (.225), c5 = 0 (.0125). The best 4 in creation order: c0 c1 c2 c4.
-    assert tokens.tolist() == [0, 1, 2, 1] and parents.tolist() == [0, 0, 1, 2]
+    assert tokens.tolist() == [[0, 1, 2, 1]] and parents.tolist() == [[0, 0, 1, 2]]
 
 
 @pytest.fixture(scope="module")

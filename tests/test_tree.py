@@ -45,6 +45,31 @@ def test_select_nodes_keeps_ancestors_on_ties_and_refuses_orphans():
         select_nodes(torch.tensor([-1, 0]), torch.tensor([-2.0, -1.0]), 1)
 
 
+def test_select_nodes_over_a_batch_picks_what_each_tree_picks_alone():
+    """B trees at once (one stable sort) keep, per tree, what select_nodes keeps for it alone:
+    random trees of 40 candidates built as expansion builds them (a child scores its parent's
+    score plus a log-probability), ties included (scores rounded to a coarse grid)."""
+    g = torch.Generator().manual_seed(0)
+    B, C = 16, 40
+    parents = torch.full((B, C), -1, dtype=torch.int64)
+    scores = torch.zeros(B, C)
+    for c in range(C):
+        if c >= 3:  # the first three hang on the root
+            parents[:, c] = torch.randint(c, (B,), generator=g)
+        step = -torch.rand(B, generator=g).mul(4).round() / 4  # log-probabilities on a grid: ties
+        above = scores.gather(1, parents[:, c : c + 1].clamp(min=0))[:, 0]
+        scores[:, c] = torch.where(parents[:, c] >= 0, above, 0.0) + step
+    for max_nodes in (1, 5, 17, 40, 60):
+        kept, tree_parents = select_nodes(parents, scores, max_nodes)
+        assert kept.shape == tree_parents.shape == (B, min(max_nodes, C))
+        for b in range(B):
+            alone = select_nodes(parents[b], scores[b], max_nodes)
+            order = sorted(range(C), key=lambda c: (-float(scores[b, c]), c))[:max_nodes]  # the rule, by hand
+            assert kept[b].tolist() == alone[0].tolist() == sorted(order)
+            assert tree_parents[b].tolist() == alone[1].tolist()
+            assert all(p == 0 or p <= j for j, p in enumerate(tree_parents[b].tolist()))  # parents come first
+
+
 def test_compile_tree_rejects_bad_parents():
     with pytest.raises(ValueError, match="root"):
         compile_tree(torch.tensor([0, 0]))
