@@ -70,6 +70,30 @@ def test_select_nodes_over_a_batch_picks_what_each_tree_picks_alone():
             assert all(p == 0 or p <= j for j, p in enumerate(tree_parents[b].tolist()))  # parents come first
 
 
+def test_compile_tree_on_random_trees_against_the_definitions():
+    """Every buffer of 200 random trees (1 to 30 nodes) against its definition, node by node:
+    depth the number of ancestors, mask the ancestors and the node itself, next_token the first
+    child, next_sibling the next child of the same parent, index offset + node."""
+    g = torch.Generator().manual_seed(3)
+    for _ in range(200):
+        N = int(torch.randint(1, 31, (), generator=g))
+        parents = [-1] + [int(torch.randint(i, (), generator=g)) for i in range(1, N)]
+        t = compile_tree(torch.tensor(parents), offset=5)
+
+        def ancestors(i):
+            return set() if parents[i] < 0 else {parents[i]} | ancestors(parents[i])
+
+        for i in range(N):
+            children = [c for c in range(N) if parents[c] == i]
+            siblings = [c for c in range(N) if parents[c] == parents[i] and c > i] if i else []
+            assert int(t.depth[i]) == len(ancestors(i))
+            assert t.mask[i].nonzero().flatten().tolist() == sorted(ancestors(i) | {i})
+            assert int(t.next_token[i]) == (children[0] if children else -1)
+            assert int(t.next_sibling[i]) == (siblings[0] if siblings else -1)
+            assert t.children(i) == children
+        assert t.index.tolist() == list(range(5, 5 + N)) and t.parents.tolist() == parents
+
+
 def test_compile_tree_rejects_bad_parents():
     with pytest.raises(ValueError, match="root"):
         compile_tree(torch.tensor([0, 0]))
