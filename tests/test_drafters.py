@@ -8,6 +8,7 @@ import torch
 from transformers import LlamaForCausalLM
 
 from conftest import make_engine
+from tree_rounds import features_of
 
 from specbench.config import ConfigError
 from specbench.drafters.base import DraftState
@@ -385,13 +386,6 @@ def test_kv_slots_under_both_policies_by_hand():
 EAGLE_KINDS = ("eagle", "eagle3")
 
 
-def target_features(target, histories, layers):
-    """B x [T_b - 1, D]: the target's features at every position but the last (the runner's)."""
-    with torch.inference_mode():
-        hidden = [target(h[None], output_hidden_states=True).hidden_states for h in histories]
-    return [torch.cat([hs[i][0, :-1] for i in layers], -1) for hs in hidden]
-
-
 @pytest.mark.parametrize("name", EAGLE_KINDS)
 def test_head_forward_over_rows_matches_the_head_forward(name, target, head_dirs):
     """heads.hidden_states_rows over a StaticHeadCache (ragged rows, rows out of order, padding,
@@ -456,7 +450,7 @@ def test_batched_eagle_chains_propose_what_the_per_request_path_proposes(name, s
     def propose(order):
         shapes.clear()
         hs = [histories[i] for i in order]
-        state = DraftState(tokens=hs, k=k, features=target_features(target, hs, batch.feature_layers),
+        state = DraftState(tokens=hs, k=k, features=features_of(target, hs, batch.feature_layers),
                            request_ids=tuple(order))
         got = batch.propose(state)
         want = draft(steppers, state, "greedy", GREEDY, None)
@@ -553,7 +547,7 @@ def test_a_probabilistic_eagle_batch_returns_the_distributions_it_sampled(name, 
     batch = EagleDrafter(name, head_dirs[name], "probabilistic", params, seed=3)
     batch.attach(target)
     k = 3
-    features = target_features(target, PROMPTS, batch.feature_layers)
+    features = features_of(target, PROMPTS, batch.feature_layers)
     got = batch.propose(DraftState(tokens=PROMPTS, k=k, features=features, request_ids=(5, 6, 7)))
     V = target.config.vocab_size
     assert got.probs.shape == (3, k, V) and got.probs.dtype == torch.float32 and got.is_chain

@@ -1,4 +1,4 @@
-"""Helpers of the batched-tree tests (test_native_trees.py, test_eagle_trees.py, test_graphs.py):
+"""Helpers of the batched-draft tests (test_native_trees.py, test_eagle_trees.py, test_graphs.py, test_drafters.py):
 the states EAGLE heads draft from, compare a batched tree proposal with the per-request path's,
 and grow histories as a verify would."""
 
