@@ -54,8 +54,10 @@ real() {  # $1: batch sizes, $2: prompts, then extra overrides
 drafters=${DRAFTERS:-ngram,ngram_trie,draft_model,layerskip,eagle3}
 temps=${TEMPS:-0,0.7}
 if [[ $parts == *" real "* ]]; then
-  real 1,8 16 +drafter="$drafters" temperature="$temps"
-  real 48 48 +drafter="$drafters" temperature="$temps"
+  for drafter in ${drafters//,/ }; do  # a sweep a drafter: rows.csv grows as each one ends
+    real 1,8 16 +drafter="$drafter" temperature="$temps"
+    real 48 48 +drafter="$drafter" temperature="$temps"
+  done
 fi
 if [[ $parts == *" eagle3_b8 "* ]]; then
   real 8 16 +drafter=eagle3 temperature=0.7
