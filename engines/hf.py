@@ -85,6 +85,10 @@ class HFEngine:
         logits, features = self._call(input_ids[None].to(self.device), logits_to_keep=1)
         return (logits[0, -1], features[0]) if self.feature_layers else logits[0, -1]
 
+    def prefill_rows(self, rows: list, prompts: list) -> list:
+        """`prefill` for each (row, prompt): native's batched admission, here one at a time."""
+        return [self.prefill(row, prompt) for row, prompt in zip(rows, prompts)]
+
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, depth: Optional[torch.Tensor] = None,
                 ancestors: Optional[torch.Tensor] = None):

@@ -85,6 +85,10 @@ class RMSNorm(nn.Module):
 # specbench.kernels.attention.decode.
 FUSED_FROM = 128
 
+# The most inputs (rows x the longest prompt) one prefill forward takes: a bound on its
+# activations and attention mask, not on the prompts (a longer one runs alone).
+PREFILL_TOKENS = 16384
+
 
 def fused_attend(xq: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """`attend` with PyTorch's fused attention: for prefills (many query rows) and wide batches."""
@@ -285,21 +289,57 @@ class NativeEngine:
     def length(self) -> list:
         return self.lengths.tolist()
 
-    @torch.inference_mode()
     def prefill(self, row: int, input_ids: torch.Tensor):
         """input_ids: [T] a new request's prompt, into row `row` (whatever it held) -> logits
         [V] for its first new token, and with feature_layers the features [T, D]."""
-        T = input_ids.shape[0]
-        if T + 1 > self.capacity:
-            raise ValueError(f"a prompt of {T} tokens does not fit the engine's max_length {self.capacity - 1}")
-        depth, ancestors = chain(T, self.device)
+        return self.prefill_rows([row], [input_ids])[0]
+
+    @torch.inference_mode()
+    def prefill_rows(self, rows: list, prompts: list) -> list:
+        """New requests' prompts prompts[i] ([T_i]) into rows[i] (distinct; whatever they held)
+        -> per request, logits [V] for its first new token (with feature_layers: and the
+        features [T_i, D]), as `prefill` gives them one by one.
+
+        Rows that follow one another are prefilled together: one forward over the run's cache
+        rows, prompts right-padded to the longest (padding lies past each row's length, where
+        later writes overwrite it), at most PREFILL_TOKENS inputs a forward. At batch 48 that
+        is a few forwards where one a request cost 48, and the requests that wait for them
+        wait that much less (the runner admits every free row at once)."""
+        for T in (p.shape[0] for p in prompts):
+            if T + 1 > self.capacity:
+                raise ValueError(f"a prompt of {T} tokens does not fit the engine's max_length {self.capacity - 1}")
+        out, group, width = [None] * len(rows), [], 0
+        for i in sorted(range(len(rows)), key=rows.__getitem__):
+            T = prompts[i].shape[0]
+            if group and (rows[i] != rows[group[-1]] + 1 or (len(group) + 1) * max(width, T) > PREFILL_TOKENS):
+                self._prefill_run(group, rows, prompts, out)
+                group, width = [], 0
+            group.append(i)
+            width = max(width, T)
+        if group:
+            self._prefill_run(group, rows, prompts, out)
+        return out
+
+    def _prefill_run(self, group: list, rows: list, prompts: list, out: list) -> None:
+        """The requests `group` (indices into rows and prompts), whose rows follow one another
+        in order: one forward -> out[i] for each i in group."""
+        first, n = rows[group[0]], len(group)
+        lengths = [prompts[i].shape[0] for i in group]
+        Tmax = max(lengths)
+        tokens = torch.zeros(n, Tmax, dtype=torch.int64, device=prompts[group[0]].device)  # padding reads token 0
+        for j, i in enumerate(group):
+            tokens[j, : lengths[j]] = prompts[i]
+        depth, ancestors = chain(Tmax, self.device)
+        last = torch.tensor(lengths, device=self.device) - 1  # [n]
+        # The run's rows, and only the slots its prompts fill: views, written in place.
+        cache_k, cache_v = (c[:, first : first + n, :, :Tmax] for c in (self.cache_k, self.cache_v))
         logits, features = self.model(
-            input_ids.to(self.device)[None], self.lengths.new_zeros(1), depth[None], ancestors[None],
-            self.cache_k[:, row : row + 1], self.cache_v[:, row : row + 1], self.feature_layers,
-            last=torch.tensor([T - 1], device=self.device), attention=sdpa_attention, rope=self.rope_table,
-        )
-        self.lengths[row] = T
-        return (logits[0], features[0]) if self.feature_layers else logits[0]
+            tokens.to(self.device), self.lengths.new_zeros(n), depth.expand(n, Tmax), ancestors.expand(n, Tmax, Tmax),
+            cache_k, cache_v, self.feature_layers, last=last, attention=sdpa_attention, rope=self.rope_table,
+        )  # [n, V], [n, Tmax, D]
+        self.lengths[first : first + n] = last + 1
+        for j, i in enumerate(group):
+            out[i] = (logits[j], features[j, : lengths[j]]) if self.feature_layers else logits[j]
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, depth: Optional[torch.Tensor] = None,

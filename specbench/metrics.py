@@ -61,6 +61,7 @@ class RoundClock:
     draft_s: float = 0.0
     forward_s: float = 0.0
     other_s: float = 0.0
+    prefill_s: float = 0.0  # the admissions' prefills (requests admitted together: once)
     elapsed_s: float = 0.0  # the decode loop, prefills included
 
     def observe(self, draft_s: float, forward_s: float, other_s: float) -> None:
@@ -122,7 +123,7 @@ def summarize(records: list, stats: SpecStats, wall_s: float, clock: Optional[Ro
         "other_ms": clock.per_step_ms(clock.other_s),
         # Prefill time per batched round: at batch > 1 a new request's prefill stalls the others
         # (continuous batching), a cost the per-round split above does not hold.
-        "prefill_ms": clock.per_step_ms(sum(r.ttft_s for r in records)),
+        "prefill_ms": clock.per_step_ms(clock.prefill_s),
         # What one request waits for: the prefills admitted while it decodes, per round of its
         # own, the median over requests (as tpot_ms is): the cost model's prefill term.
         "prefill_wait_ms": _median_ms(r.prefill_wait_s / r.rounds if r.rounds else None for r in records),

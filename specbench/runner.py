@@ -1,7 +1,7 @@
 """The decoding loop over a batch of requests: plain autoregressive or speculative.
 
 The engine holds `rows` requests at once (continuous batching: a finished request's row takes
-the next prompt). Each round drafts, for every live request, a chain of up to k tokens or a
+the next prompt; every free row is admitted at once, in one prefill call). Each round drafts, for every live request, a chain of up to k tokens or a
 tree (k levels), verifies all of them and their bonus positions in one target forward [rows, q]
 (trees under their ancestor masks), accepts by the rule for all live requests in one call
 (ragged: each keeps its own accepted prefix; with rule.impl=triton one kernel launch for the
@@ -83,31 +83,34 @@ class _Batch:
         self.live: dict[int, _Request] = {}  # row -> request
         self.prefill_s = 0.0  # every admission's prefill time so far: what live requests wait for
 
-    def admit(self, row: int) -> None:
-        """Prefill the next prompt into `row` and emit its first token."""
-        if not self.queue:
+    def admit(self, rows: list) -> None:
+        """Prefill the next prompts into these free rows, in one call to the engine (batched
+        where it can), and emit their first tokens: one draw for them all. Each admitted
+        request's TTFT is the whole admission's, as they come out together."""
+        rows = rows[: len(self.queue)]
+        if not rows:
             return
-        i = self.queue.popleft()
-        prompt = self.prompts[i]
-        T = prompt.shape[0]
-        history = torch.empty(T + self.room_extra, dtype=torch.long)
-        history[:T] = prompt
+        indices = [self.queue.popleft() for _ in rows]
+        prompts = [self.prompts[i] for i in indices]
         t0 = time.perf_counter()
-        out = self.engine.prefill(row, prompt)
-        r = _Request(index=i, prompt_tokens=T, history=history, n=T + 1, t0=t0)
-        logits = out
-        if self.engine.feature_layers:
-            logits, prompt_features = out
-            r.features = prompt_features.new_empty(history.shape[0], prompt_features.shape[-1])
-            r.features[:T] = prompt_features
-        first = int(_next_token(probs_from_logits(logits[None], self.params), self.params, self.generator)[0])
+        outs = self.engine.prefill_rows(rows, prompts)
+        logits = torch.stack([out[0] if self.engine.feature_layers else out for out in outs])  # [n, V]
+        first = _next_token(probs_from_logits(logits, self.params), self.params, self.generator).tolist()
         _synchronize(self.engine.device)
-        r.ttft_s = time.perf_counter() - t0
-        self.prefill_s += r.ttft_s
-        r.prefill_mark = self.prefill_s
-        history[T] = first
-        r.generated.append(first)
-        self.live[row] = r
+        ttft = time.perf_counter() - t0
+        self.prefill_s += ttft
+        for row, i, prompt, out, token in zip(rows, indices, prompts, outs, first):
+            T = prompt.shape[0]
+            history = torch.empty(T + self.room_extra, dtype=torch.long)
+            history[:T] = prompt
+            history[T] = token
+            r = _Request(index=i, prompt_tokens=T, history=history, n=T + 1, t0=t0, ttft_s=ttft,
+                         prefill_mark=self.prefill_s, generated=[token])
+            if self.engine.feature_layers:
+                prompt_features = out[1]  # [T, D]
+                r.features = prompt_features.new_empty(history.shape[0], prompt_features.shape[-1])
+                r.features[:T] = prompt_features
+            self.live[row] = r
 
 
 def decode_requests(
@@ -155,13 +158,11 @@ def decode_requests(
                 )
                 if spec is not None and hasattr(spec.drafter, "release"):
                     spec.drafter.release((r.index,))
-            for row in finished:
-                batch.admit(row)
+            batch.admit(finished)
 
     _synchronize(device)
     start = time.perf_counter()
-    for row in range(engine.rows):
-        batch.admit(row)
+    batch.admit(list(range(engine.rows)))
     while batch.live:
         retire()
         if not batch.live:
@@ -246,6 +247,7 @@ def decode_requests(
         clock.observe(t_forward - t_draft, t_rule - t_forward, time.perf_counter() - t_rule)
     _synchronize(device)
     clock.elapsed_s += time.perf_counter() - start
+    clock.prefill_s += batch.prefill_s
     return records
 
 

@@ -220,7 +220,8 @@ def test_batched_native_chains_propose_what_the_per_request_path_proposes(name, 
     from specbench.engines.native import NativeEngine
 
     prefills, forwards = [], []
-    monkeypatch.setattr(NativeEngine, "prefill", lambda self, row, ids, _f=NativeEngine.prefill: prefills.append(len(ids)) or _f(self, row, ids))
+    monkeypatch.setattr(NativeEngine, "prefill_rows", lambda self, rows, ids, _f=NativeEngine.prefill_rows:
+                        prefills.append([len(x) for x in ids]) or _f(self, rows, ids))  # a call a round: new requests together
     monkeypatch.setattr(NativeEngine, "forward", lambda self, tokens, *a, _f=NativeEngine.forward: forwards.append(tokens.shape[1]) or _f(self, tokens, *a))
 
     k = 4
@@ -245,7 +246,7 @@ def test_batched_native_chains_propose_what_the_per_request_path_proposes(name, 
         return grow_histories(histories, got, order, accepted)
 
     got = propose((7, 3, 11))
-    assert sorted(prefills) == sorted(len(h) - 1 for h in histories.values()) and forwards[0] == 1
+    assert [sorted(p) for p in prefills] == [sorted(len(h) - 1 for h in histories.values())] and forwards[0] == 1
     added = grow(got, (7, 3, 11), {7: 0, 3: k, 11: 2})  # 7: all rejected (rolled back); 3: all accepted
     got = propose((11, 7, 3))
     assert prefills == [] and forwards[0] == 2  # 3 read its last draft and the bonus token; 7 and 11 one token
@@ -256,7 +257,7 @@ def test_batched_native_chains_propose_what_the_per_request_path_proposes(name, 
     grow(got, (11, 7), {11: 1, 7: k})
     histories[12] = torch.tensor([0, 9, 10, 11, 30, 31, 32])  # a new request, in 3's row
     got = propose((12, 11, 7))
-    assert prefills == [len(histories[12]) - 1]
+    assert prefills == [[len(histories[12]) - 1]]
     grow(got, (12, 11, 7), {12: 3, 11: 0, 7: 1})
     histories[7] = histories[7][:-3]  # a history that lost tokens the row holds: cut back, read again
     propose((7, 12, 11))

@@ -101,6 +101,35 @@ def test_features_match_transformers_hidden_states(tiny_model):
     torch.testing.assert_close(torch.cat([features, step_features[0]]), ref, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("budget", [16384, 12])
+def test_batched_prefill_equals_one_row_at_a_time(tiny_model, monkeypatch, budget):
+    """prefill_rows over rows given out of order, in two runs of consecutive rows (0-1 and 3-4),
+    with prompts of different lengths, gives each request the logits and features of a prefill
+    of its own, and leaves each row's cache and length as that prefill does. budget: the most
+    inputs one forward takes (12 splits the runs further: a forward a row)."""
+    import specbench.engines.native as native
+
+    monkeypatch.setattr(native, "PREFILL_TOKENS", budget)
+    layers = (0, 2)
+    g = torch.Generator().manual_seed(3)
+    rows, lengths = [4, 0, 3, 1], [5, 9, 2, 6]
+    prompts = [torch.randint(0, 96, (n,), generator=g) for n in lengths]
+    batched = make_engine("native", tiny_model, rows=5, feature_layers=layers)
+    alone = make_engine("native", tiny_model, rows=5, feature_layers=layers)
+    together = batched.prefill_rows(rows, prompts)
+    for row, prompt, (logits, features) in zip(rows, prompts, together):
+        ref_logits, ref_features = alone.prefill(row, prompt)
+        torch.testing.assert_close(logits, ref_logits, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(features, ref_features, rtol=1e-5, atol=1e-5)
+        assert features.shape[0] == prompt.shape[0]
+    assert batched.length == alone.length == [9, 6, 0, 2, 5]
+    for row, n in zip(rows, lengths):
+        torch.testing.assert_close(batched.cache_k[:, row, :, :n], alone.cache_k[:, row, :, :n], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(batched.cache_v[:, row, :, :n], alone.cache_v[:, row, :, :n], rtol=1e-5, atol=1e-5)
+    step = torch.randint(0, 96, (5, 3), generator=g)  # the next forward reads the same caches
+    torch.testing.assert_close(batched.forward(step)[0][rows], alone.forward(step)[0][rows], rtol=1e-5, atol=1e-5)
+
+
 def test_prompt_longer_than_the_cache_is_refused(tiny_model):
     engine = make_engine("native", tiny_model, max_length=8)
     with pytest.raises(ValueError, match="max_length 8"):
@@ -193,7 +222,7 @@ def test_wide_batches_use_the_fused_attention_with_the_same_logits(tiny_model):
 def test_round_clock_counts_batched_rounds_and_prefills(tiny_model):
     """Six requests in 3 rows, plain decoding of 24 tokens: at least 23 batched rounds per
     request slot (fewer than 6 x 23: rows run together), one forward each; prefill_ms spreads
-    the prefills over those rounds."""
+    the admissions' prefills over those rounds, each admission once."""
     from specbench.metrics import RoundClock, SpecStats, summarize
 
     clock = RoundClock()
@@ -201,15 +230,25 @@ def test_round_clock_counts_batched_rounds_and_prefills(tiny_model):
                               eos_ids=frozenset(), generator=torch.Generator(), clock=clock)
     assert 2 * 23 <= clock.steps < 6 * 23 and clock.elapsed_s > 0
     row = summarize(records, SpecStats(0), wall_s=1.0, clock=clock)
-    assert row["prefill_ms"] == pytest.approx(1e3 * sum(r.ttft_s for r in records) / clock.steps)
+    # Requests 0 .. 2 are admitted together at the start (one TTFT), then 3 .. 5 as rows free
+    # up: all three rows finish together (24 tokens each, no EOS), so the second admission also
+    # takes them at once.
+    assert records[0].ttft_s == records[1].ttft_s == records[2].ttft_s
+    assert records[3].ttft_s == records[4].ttft_s == records[5].ttft_s
+    assert clock.prefill_s == pytest.approx(records[0].ttft_s + records[3].ttft_s)
+    assert row["prefill_ms"] == pytest.approx(1e3 * clock.prefill_s / clock.steps)
     assert row["verify_ms"] == pytest.approx(1e3 * clock.forward_s / clock.steps)
     assert row["throughput_tok_s"] == pytest.approx(6 * 24 / clock.elapsed_s)
-    # Prefill waits: requests 0 .. 2 are admitted first, in order, so request 0 decodes through
-    # the prefills of 1 and 2; the last admission, request 5, through none.
-    assert records[0].prefill_wait_s >= records[1].ttft_s + records[2].ttft_s
-    assert records[5].prefill_wait_s == 0.0
-    waits = sorted(1e3 * r.prefill_wait_s / r.rounds for r in records)
-    assert row["prefill_wait_ms"] == pytest.approx((waits[2] + waits[3]) / 2)
+    # Prefill waits: no request decodes through an admission (each finishes with its partners).
+    assert all(r.prefill_wait_s == 0.0 for r in records) and row["prefill_wait_ms"] == 0.0
+    # Request 0 stops at its first token (its EOS): request 2 takes its row at once, and request
+    # 1, admitted with 0, decodes through that admission.
+    with torch.no_grad():
+        eos = int(tiny_model(PROMPTS[0][None]).logits[0, -1].argmax())
+    records = decode_requests(make_engine("native", tiny_model, rows=2), PROMPTS[:3], params=GREEDY, max_new_tokens=8,
+                              eos_ids=frozenset({eos}), generator=torch.Generator(), clock=RoundClock())
+    assert records[0].tokens == [eos] and records[1].rounds > 0
+    assert records[1].prefill_wait_s >= records[2].ttft_s > 0 and records[2].prefill_wait_s == 0.0
     alone = decode_requests(make_engine("native", tiny_model, rows=1), PROMPTS[:2], params=GREEDY, max_new_tokens=4,
                             eos_ids=frozenset(), generator=torch.Generator())
     assert [r.prefill_wait_s for r in alone] == [0.0, 0.0]  # one row: nobody is admitted mid-request

@@ -83,8 +83,8 @@ class BigramEngine:
         self.rows = rows
         self.table = torch.randn(vocab, vocab, generator=torch.Generator().manual_seed(seed)) * 4.0
 
-    def prefill(self, row: int, prompt: torch.Tensor) -> torch.Tensor:
-        return self.table[prompt[-1]]
+    def prefill_rows(self, rows: list, prompts: list) -> list:
+        return [self.table[prompt[-1]] for prompt in prompts]
 
     def forward(self, tokens: torch.Tensor, depth=None, ancestors=None) -> torch.Tensor:
         return self.table[tokens]
@@ -193,10 +193,11 @@ def test_a_request_admitted_into_a_freed_row_can_finish_on_its_first_token(tiny_
 
 
 def test_requests_that_finish_together_are_not_charged_the_prefills_after_them(tiny_model, monkeypatch):
-    """Two rows, four prompts of one length, no EOS: the first two requests finish in the same
-    round. A clock that moves only in prefills (1 s each) shows what each request is charged:
-    the first waited for the second's prefill (1 s of decode time and of prefill wait), the
-    second for nothing. Neither is charged the prefills of the requests that replace them."""
+    """Two rows, four prompts of one length, no EOS. A clock that moves only in prefills (1 s a
+    prompt) shows what each request is charged. The first two are admitted together, in one
+    call to the engine (2 s: the TTFT of both), and finish in the same round; the next two take
+    their rows together. No request's decode time or prefill wait holds a prefill: not its
+    partner's (admitted with it) and not those of the requests that replace it."""
     import types
 
     import specbench.runner as runner
@@ -205,16 +206,19 @@ def test_requests_that_finish_together_are_not_charged_the_prefills_after_them(t
     now = [0.0]
     monkeypatch.setattr(runner, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
     engine = make_engine("native", tiny_model, rows=2)
-    prefill = engine.prefill
+    prefill_rows, calls = engine.prefill_rows, []
 
-    def slow_prefill(row, ids):
-        now[0] += 1.0
-        return prefill(row, ids)
+    def slow_prefill_rows(rows, prompts):
+        now[0] += float(len(prompts))
+        calls.append(list(rows))
+        return prefill_rows(rows, prompts)
 
-    engine.prefill = slow_prefill
+    engine.prefill_rows = slow_prefill_rows
     prompts = [torch.tensor([0, 5, 17, 42, 7, 9 + i]) for i in range(4)]
     records = decode_requests(engine, prompts, params=GREEDY, max_new_tokens=4, eos_ids=frozenset(),
                               generator=torch.Generator())
     assert [len(r.tokens) for r in records] == [4] * 4
-    assert [r.decode_s for r in records] == [1.0, 0.0, 1.0, 0.0]
-    assert [r.prefill_wait_s for r in records] == [1.0, 0.0, 1.0, 0.0]
+    assert calls == [[0, 1], [0, 1]]  # every free row at once
+    assert [r.ttft_s for r in records] == [2.0] * 4
+    assert [r.decode_s for r in records] == [0.0] * 4
+    assert [r.prefill_wait_s for r in records] == [0.0] * 4

@@ -3,16 +3,17 @@
 The per-request path (specbench.drafters.expand with one LMStepper per request) costs B x k
 draft forwards a round. Here a draft model (a `Transformer`, engines/native.py) runs over a
 `NativeEngine` whose rows are assigned to request ids: a free row for a new id, freed again by
-`release`. One chain round at batch B is then at most B prefills (new requests only), one
-batched forward that brings every row to its request's history, and k - 1 batched
-single-token forwards (a tree round: the same sync, then k - 1 batched tree forwards):
+`release`. One chain round at batch B is then the new requests' prefills (one forward for each
+run of consecutive rows), one batched forward that brings every row to its request's history,
+and k - 1 batched single-token forwards (a tree round: the same sync, then k - 1 batched tree
+forwards):
 
 sync: a row holds the tokens it has read (its request's last history and the drafts fed after
     it). The common prefix with the new history stays; the rest (rejected drafts) is dropped by
-    setting the row's length, with no copy. A new request's row is prefilled with its history
-    less the last token. One forward then reads every row's remaining tokens (ragged, padded to
-    the longest; at least the last one); the logits at each row's last real input give the
-    first draft's distribution.
+    setting the row's length, with no copy. New requests' rows are prefilled with their
+    histories less the last token, together (NativeEngine.prefill_rows). One forward then
+    reads every row's remaining tokens (ragged, padded to the longest; at least the last one);
+    the logits at each row's last real input give the first draft's distribution.
 steps: k - 1 forwards of one token per row, each feeding the previous step's drafts.
 tree steps (`propose_tree`): k - 1 tree forwards; step s feeds each row the frontiers of steps
     1 .. s (q = s W nodes at depth = step - 1, each seeing its ancestors among them and the
@@ -155,13 +156,13 @@ class NativeChain(RowCache):
         index [B] on the engine's device, and the logits [B, V] of each request's first draft."""
         engine = self.engine
         rows, new = zip(*(self._row(i) for i in ids))
-        pending = []  # B x [n_b], n_b >= 1
+        pending, prefills = [], []  # B x [n_b], n_b >= 1; new requests' (row, history less its last token)
         for row, fresh, history in zip(rows, new, histories):
             T, held = history.shape[0], self.held[row]
             if fresh:
                 keep = T - 1
                 if keep:
-                    engine.prefill(row, history[:keep])
+                    prefills.append((row, history[:keep]))
                 else:
                     engine.lengths[row] = 0
             else:
@@ -169,6 +170,8 @@ class NativeChain(RowCache):
                 if keep != held.shape[0]:
                     engine.lengths[row] = keep  # drop what differs: no copy
             pending.append(history[keep:])
+        if prefills:  # the new requests' rows together (consecutive ones in one forward)
+            engine.prefill_rows(*map(list, zip(*prefills)))
         R, q = engine.rows, max(p.shape[0] for p in pending)
         inputs = torch.zeros(R, q, dtype=torch.int64)  # padding and idle rows read token 0
         for row, p in zip(rows, pending):
