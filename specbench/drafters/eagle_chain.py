@@ -71,12 +71,12 @@ from __future__ import annotations
 
 from typing import Optional
 
+import numpy as np
 import torch
 
 from specbench.drafters.base import DraftProposal, DraftState
 from specbench.drafters.expand import expand_trees, tree_proposal
-from specbench.drafters.lm_stepper import common_prefix
-from specbench.drafters.native_chain import MAX_LENGTH, ROWS, RowCache
+from specbench.drafters.native_chain import MAX_LENGTH, ROWS, RowCache, shared_prefix
 from specbench.graphs import Graphed, supported as graphs_supported
 from specbench.heads import StaticHeadCache, forward_rows, static_width
 from specbench.sampling import SamplingParams, probs_from_logits, sample
@@ -141,38 +141,39 @@ class EagleChain(RowCache):
         device, R, B = cache.keys.device, cache.rows, len(ids)
 
         # Roll each row back to the pairs it shares with its request (no copy), then read the
-        # rest: accepted + 1 pairs a row after its first round.
+        # rest: accepted + 1 pairs a row after its first round. numpy on the host (RowCache).
+        lengths = cache.lengths.numpy()  # [R] the CPU tensor's own memory
         keeps = []
         for row, history in zip(rows, histories):
             pairs = history[1:]  # [n - 1] the token of each pair
             keep = min(kept_pairs(self.held[row], pairs), pairs.shape[0] - 1)
-            cache.lengths[row] = keep
-            self.held[row] = pairs
+            lengths[row] = keep
+            self.held[row] = pairs.copy()
             keeps.append(keep)
         counts = [h.shape[0] - 1 - keep for h, keep in zip(histories, keeps)]  # B x n_b - 1 - keep >= 1
         self.last_counts = dict(zip(ids, counts))  # pairs each request's row read this round
         # Every cache row takes part in every forward (rows of no request read padding past their
         # length) and attention spans the whole cache: the shapes stay the same round after round.
         q = static_width(max(counts), cache.capacity)
-        rows_t, counts_t = torch.tensor(rows), torch.tensor(counts)  # [B], [B]
-        R_counts = torch.zeros(R, dtype=torch.int64)
-        R_counts[rows_t] = counts_t
-        starts = cache.lengths.clone()  # [R] the first slot each row writes
+        rows_n, counts_n = np.asarray(rows, dtype=np.int64), np.asarray(counts, dtype=np.int64)  # [B], [B]
+        R_counts = np.zeros(R, dtype=np.int64)
+        R_counts[rows_n] = counts_n
+        starts = lengths.copy()  # [R] the first slot each row writes
         # Where each real input goes in the padded [R * q] block: row * q + j, j < count.
-        first = torch.repeat_interleave(rows_t * q - (counts_t.cumsum(0) - counts_t), counts_t)
-        flat = first + torch.arange(first.shape[0])  # [sum counts]
-        inputs = torch.zeros(R * q, dtype=torch.int64)  # padding reads token 0 (and a zero feature)
-        inputs[flat] = torch.cat([h[keep + 1 :] for h, keep in zip(histories, keeps)])
-        last = (R_counts - 1).clamp_(min=0)  # [R] each row's last real input
+        first = np.repeat(rows_n * q - (counts_n.cumsum() - counts_n), counts_n)
+        flat = first + np.arange(first.shape[0])  # [sum counts]
+        inputs = np.zeros(R * q, dtype=np.int64)  # padding reads token 0 (and a zero feature)
+        inputs[flat] = np.concatenate([h[keep + 1 :] for h, keep in zip(histories, keeps)])
+        last = np.maximum(R_counts - 1, 0)  # [R] each row's last real input
         synced = starts + R_counts  # [R] lengths after the sync: the drafts are written from there
         # One host-to-device copy for every index the round builds on the CPU.
-        packed = torch.cat([starts, inputs, flat, last, rows_t, synced]).to(device)
+        packed = torch.from_numpy(np.concatenate([starts, inputs, flat, last, rows_n, synced])).to(device)
         starts_d, inputs_d, flat_d, last_d, rows_d, synced_d = packed.split([R, R * q, flat.shape[0], R, B, R])
         features = torch.cat([f[keep:] for f, keep in zip(state.features, keeps)]).to(device)  # [sum counts, D]
         padded = features.new_zeros(R * q, features.shape[-1]).index_copy_(0, flat_d, features)
         read = self._read if q <= GRAPHED_WIDTH else self._read.fn
         last_hidden, = read(None, padded.view(R, q, -1), inputs_d.view(R, q), starts_d, last_d)  # [R, H]
-        cache.lengths.copy_(synced)
+        lengths[:] = synced
         return rows, rows_d, synced_d, last_hidden
 
     def _capture_widths(self, most: int, like: torch.Tensor) -> None:
@@ -292,10 +293,10 @@ class EagleChain(RowCache):
         return tree_proposal(expand_trees(root, state, feed), state.max_nodes)
 
 
-def kept_pairs(held: torch.Tensor, pairs: torch.Tensor) -> int:
-    """How many leading pairs a row holds that the request still has: common_prefix, with one
+def kept_pairs(held: np.ndarray, pairs: np.ndarray) -> int:
+    """How many leading pairs a row holds that the request still has: shared_prefix, with one
     comparison in the usual case of a history that extends what the row holds."""
     m = held.shape[0]
-    if m <= pairs.shape[0] and torch.equal(held, pairs[:m]):
+    if m <= pairs.shape[0] and np.array_equal(held, pairs[:m]):
         return m
-    return common_prefix(held, pairs)
+    return shared_prefix(held, pairs)
