@@ -351,16 +351,28 @@ class NativeEngine:
         assert B == self.rows, (B, self.rows)
         tree = depth is not None
         if not tree:
-            if q not in self._chains:
-                self._chains[q] = chain(q, self.device)
-            d, a = self._chains[q]
-            depth, ancestors = d.expand(B, q), a.expand(B, q, q)
+            depth, ancestors = self._chain(B, q)
         inputs = (tokens.to(self.device), self.lengths, depth.to(self.device), ancestors.to(self.device))
         if not self.cuda_graphs:
             logits, features = self._run(inputs)
         else:
             logits, features = self._replay(inputs, tree)
         return (logits, features) if self.feature_layers else logits
+
+    def forward_at(self, tokens: torch.Tensor, lengths: torch.Tensor):
+        """A chain forward, eager, as if each row's length were lengths [B]: tokens [B, q] written
+        from there, self.lengths untouched -> as `forward`. For a caller that captures several
+        forwards in one graph of its own (drafters/native_chain.py's greedy chains)."""
+        B, q = tokens.shape
+        logits, features = self._run((tokens, lengths, *self._chain(B, q)))
+        return (logits, features) if self.feature_layers else logits
+
+    def _chain(self, B: int, q: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """A chain's depth [B, q] and ancestors [B, q, q] on the device (made once per q)."""
+        if q not in self._chains:
+            self._chains[q] = chain(q, self.device)
+        d, a = self._chains[q]
+        return d.expand(B, q), a.expand(B, q, q)
 
     def _run(self, inputs):
         return self._forward(*inputs, self.cache_k, self.cache_v, self.feature_layers, layer=self._layer,

@@ -223,6 +223,8 @@ def test_batched_native_chains_propose_what_the_per_request_path_proposes(name, 
     monkeypatch.setattr(NativeEngine, "prefill_rows", lambda self, rows, ids, _f=NativeEngine.prefill_rows:
                         prefills.append([len(x) for x in ids]) or _f(self, rows, ids))  # a call a round: new requests together
     monkeypatch.setattr(NativeEngine, "forward", lambda self, tokens, *a, _f=NativeEngine.forward: forwards.append(tokens.shape[1]) or _f(self, tokens, *a))
+    monkeypatch.setattr(NativeEngine, "forward_at", lambda self, tokens, *a, _f=NativeEngine.forward_at:
+                        forwards.append(tokens.shape[1]) or _f(self, tokens, *a))  # a greedy chain's steps
 
     k = 4
     batch = make_drafter(name, target, draft_dir, None)

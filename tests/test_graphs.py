@@ -1,4 +1,5 @@
-"""specbench.graphs, and EAGLE chains and trees replayed from CUDA graphs (drafters/eagle_chain.py).
+"""specbench.graphs, and batched drafting replayed from CUDA graphs: EAGLE chains and trees
+(drafters/eagle_chain.py), a draft model's greedy chains (drafters/native_chain.py).
 
 Off CUDA a graph is stood in for by FakeGraph, which keeps a CUDA graph's contract: the captured
 call runs once more at each replay over the same static inputs and writes its outputs into the
@@ -14,8 +15,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from conftest import random_head, tiny_llama
 from tree_rounds import chain_state, grow, tree_state
 from specbench import graphs
-from specbench.drafters import eagle_chain
+from specbench.drafters import eagle_chain, native_chain
+from specbench.drafters.base import DraftState
 from specbench.drafters.eagle_chain import GRAPHED_WIDTH, EagleChain
+from specbench.drafters.native_chain import NativeChain
 from specbench.heads import static_width
 from specbench.sampling import SamplingParams
 
@@ -81,16 +84,18 @@ def fake_graphs(monkeypatch):
             run()
         with NoHostSync():
             out = run()
-        cache = chains[0].cache if chains else None
+        cache = (chains[0].engine if isinstance(chains[0], NativeChain) else chains[0].cache) if chains else None
         captures.append(cache)
 
         def check():
-            assert not chains or chains[0].cache is cache, "a graph replayed over a replaced cache"
+            now = chains and (chains[0].engine if isinstance(chains[0], NativeChain) else chains[0].cache)
+            assert not chains or now is cache, "a graph replayed over a replaced cache"
 
         return FakeGraph(run, out, check), out
 
     monkeypatch.setattr(graphs, "capture", capture)
     monkeypatch.setattr(eagle_chain, "graphs_supported", lambda device: True)
+    monkeypatch.setattr(native_chain, "graphs_supported", lambda device: True)
     return chains.append, captures
 
 
@@ -257,6 +262,100 @@ def test_eagle_rounds_through_cuda_graphs_draft_what_eager_rounds_draft(kind, si
     want, _ = drive(eager, target, head, torch.Generator("cuda").manual_seed(5))
     got, _ = drive(graphed, target, head, torch.Generator("cuda").manual_seed(5))
     assert len(graphed._greedy) > 0 and len(graphed._tree) > 0 and len(eager._greedy) == 0
+    same_proposals(got, want)
+
+
+def drive_native(chain):
+    """drive's rounds for a draft model (NativeChain), greedy chains and trees: idle rows, a row
+    released and taken by a new id, a history cut back. -> every proposal, and the engine of
+    each round (a new one: the cache grew)."""
+    histories = {7: torch.tensor([0, 5, 6, 7, 5, 6]), 3: torch.tensor([0, 9]),
+                 11: torch.tensor([0, 3, 4, 3, 4, 3, 9, 10, 11, 12])}
+    proposals, engines = [], []
+
+    def chain_round(order, accepted):
+        state = DraftState(tokens=[histories[i] for i in order], k=K, request_ids=tuple(order))
+        proposals.append(got := chain.propose(state, "greedy", SamplingParams(0.0, 0, 1.0), None))
+        engines.append(chain.engine)
+        for b, i in enumerate(order):
+            histories[i] = torch.cat([histories[i], got.tokens[b, : accepted[i]], torch.tensor([40 + i])])
+
+    def tree_round(order, accepted):
+        state = DraftState(tokens=[histories[i] for i in order], k=3, topk=2, num_draft_tokens=6,
+                           request_ids=tuple(order))
+        proposals.append(got := chain.propose_tree(state))
+        engines.append(chain.engine)
+        grow(histories, got, order, accepted)
+
+    chain_round((7, 3, 11), {7: 0, 3: K, 11: 2})
+    tree_round((11, 7, 3), {11: None, 7: -1, 3: 1})
+    chain_round((11,), {11: 1})  # 7's and 3's rows idle
+    chain.release([3])
+    histories[12] = torch.tensor([0, 9, 10, 11, 30, 31, 32])  # a new id, in 3's row
+    del histories[3]
+    chain_round((12, 11, 7), {12: 3, 11: 0, 7: K})
+    histories[7] = histories[7][:-3]  # lost tokens its row holds: rolled back, read again
+    tree_round((7, 12, 11), {7: 0, 12: None, 11: -1})
+    chain_round((7, 12, 11), {7: 1, 12: 2, 11: K})
+    chain_round((11, 7), {11: 0, 7: 0})
+    return proposals, engines
+
+
+def draft_model_builder(target):
+    from specbench.engines.native import Transformer
+
+    return lambda: Transformer.from_hf(target)
+
+
+@pytest.mark.parametrize("sizing", SIZINGS)
+def test_draft_model_greedy_chains_through_graphs_draft_what_eager_chains_draft(sizing, target, fake_graphs):
+    """A draft model's greedy chains (k - 1 steps and their argmaxes, one graph over every row)
+    replayed from graphs draft token for token what the same rounds draft eagerly, trees between
+    them included. One capture per cache: a cache that grows drops its graphs (no replay finds a
+    replaced engine, FakeGraph checks)."""
+    bind, captures = fake_graphs
+    eager = NativeChain(draft_model_builder(target), **sizing, cuda_graphs=False)
+    graphed = NativeChain(draft_model_builder(target), **sizing)
+    bind(graphed)
+    want, _ = drive_native(eager)
+    assert not captures
+    got, engines = drive_native(graphed)
+    same_proposals(got, want)
+    assert len(graphed._greedy) == 1 and len(eager._greedy) == 0
+    assert len(captures) == len({id(e) for e in engines}) > 0  # a capture for each engine the rounds saw
+    assert (len(captures) > 1) == bool(sizing)
+
+
+def test_a_draft_model_greedy_round_through_graphs_leaves_the_host_the_sync(target, fake_graphs):
+    """Eagerly a greedy chain round at k = 4 dispatches its sync and k - 1 steps of forwards,
+    argmaxes and bookkeeping; through a graph the host keeps the sync (the engine's own graph on
+    CUDA; eager on this CPU) and a handful of operations around one replay: under half."""
+    bind, _ = fake_graphs
+    histories = {0: torch.tensor([0, 5, 6, 7, 5, 6, 9, 3]), 1: torch.tensor([0, 9, 4, 4])}
+    greedy = SamplingParams(0.0, 0, 1.0)
+    counts = {}
+    for graphs_on in (False, True):
+        chain = NativeChain(draft_model_builder(target), cuda_graphs=graphs_on)
+        if graphs_on:
+            bind(chain)
+        chain.propose(DraftState(tokens=list(histories.values()), k=K, request_ids=(0, 1)), "greedy", greedy, None)
+        grown = [torch.cat([h, torch.tensor([11, 12])]) for h in histories.values()]
+        with HostOps() as ops:
+            chain.propose(DraftState(tokens=grown, k=K, request_ids=(0, 1)), "greedy", greedy, None)
+        counts[graphs_on] = ops.n
+    assert counts[True] * 2 < counts[False], counts
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("sizing", SIZINGS)
+def test_draft_model_greedy_chains_through_cuda_graphs_draft_what_eager_chains_draft(sizing):
+    """The same rounds on CUDA, real graphs (the chain's and the engine's) against eager, fp32."""
+    target = tiny_llama(seed=1, scale=4.0).requires_grad_(False).cuda()
+    eager = NativeChain(draft_model_builder(target), **sizing, cuda_graphs=False)
+    graphed = NativeChain(draft_model_builder(target), **sizing)
+    want, _ = drive_native(eager)
+    got, _ = drive_native(graphed)
+    assert len(graphed._greedy) == 1 and len(eager._greedy) == 0
     same_proposals(got, want)
 
 

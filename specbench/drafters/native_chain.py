@@ -14,7 +14,11 @@ sync: a row holds the tokens it has read (its request's last history and the dra
     histories less the last token, together (NativeEngine.prefill_rows). One forward then
     reads every row's remaining tokens (ragged, padded to the longest; at least the last one);
     the logits at each row's last real input give the first draft's distribution.
-steps: k - 1 forwards of one token per row, each feeding the previous step's drafts.
+steps: k - 1 forwards of one token per row, each feeding the previous step's drafts. Greedy
+    chains run them over every row at fixed shapes, step i at slot length + i - 1 (rows of no
+    request draft from padding, past their length), and replay the k - 1 forwards and their
+    argmaxes from one CUDA graph (on CUDA, unless cuda_graphs is off; the sync and sampled
+    steps replay the engine's graph of each forward shape).
 tree steps (`propose_tree`): k - 1 tree forwards; step s feeds each row the frontiers of steps
     1 .. s (q = s W nodes at depth = step - 1, each seeing its ancestors among them and the
     history) and reads the logits at the step-s frontier [B, W, V]; expand.expand_trees picks
@@ -46,6 +50,7 @@ import torch
 
 from specbench.drafters.base import DraftProposal, DraftState
 from specbench.drafters.expand import expand_trees, tree_proposal
+from specbench.graphs import Graphed, supported as graphs_supported
 from specbench.sampling import SamplingParams, probs_from_logits, sample
 
 log = logging.getLogger(__name__)
@@ -123,6 +128,9 @@ class NativeChain(RowCache):
         self.model = None  # the Transformer, once built
         self.engine = None  # the NativeEngine, once built
         self._failed = False
+        # A greedy chain's k - 1 steps and argmaxes, replayed from one CUDA graph (enabled once
+        # the model is built on CUDA) or called eagerly; the sync replays the engine's own graphs.
+        self._greedy = Graphed(self._greedy_chain, False)
 
     def ready(self) -> bool:
         """Build the model and its cache on the first call -> whether chains and trees can run here."""
@@ -134,6 +142,7 @@ class NativeChain(RowCache):
                 log.warning("batched drafting is off, chains and trees run request by request: %s", e)
                 return False
             self._resized(self._rows, self._max_length)
+            self._greedy.enabled = self.cuda_graphs and graphs_supported(self.engine.device)
         return self.engine is not None
 
     @property
@@ -149,6 +158,7 @@ class NativeChain(RowCache):
 
         old = self.engine
         self.engine = NativeEngine(self.model, rows, max_length, cuda_graphs=self.cuda_graphs, compile=False)
+        self._greedy.clear()  # captured over the old cache
         if old is not None:  # a grown cache keeps every row's entries and length
             R, S = old.rows, old.capacity
             self.engine.cache_k[:, :R, :, :S] = old.cache_k
@@ -212,30 +222,42 @@ class NativeChain(RowCache):
         rows, index, logits = self._sync(ids, histories)
         R = engine.rows
 
-        # k steps: draft from the logits, feed the draft (all but the last).
-        drafts, probs = [], []
-        step = torch.zeros(R, 1, dtype=torch.int64, device=engine.device)
-        one = [[] for _ in range(R)]
-        for row in rows:
-            one[row] = [0]
-        for i in range(k):
-            if greedy:
-                token = logits.argmax(-1)  # [B]
-            else:
+        if greedy:  # k - 1 steps and their argmaxes over every row, one graph
+            first = torch.zeros(R, dtype=torch.int64, device=engine.device).index_copy_(0, index, logits.argmax(-1))
+            chains, = self._greedy(k, first, engine.lengths)  # [R, k]
+            tokens, q = chains.index_select(0, index).cpu(), None  # [B, k]
+            engine.lengths[index] += k - 1
+        else:  # k steps: sample from the logits, feed the draft (all but the last)
+            drafts, probs = [], []
+            step = torch.zeros(R, 1, dtype=torch.int64, device=engine.device)
+            one = [[] for _ in range(R)]
+            for row in rows:
+                one[row] = [0]
+            for i in range(k):
                 q_i = probs_from_logits(logits, params)  # [B, V] float32
                 token = sample(q_i, generator)  # one draw per request, in batch order
+                drafts.append(token)
                 probs.append(q_i)
-            drafts.append(token)
-            if i + 1 < k:
-                step[index, 0] = token.to(engine.device)
-                logits = engine.forward(step)[index, 0]  # [B, V]
-                engine.advance(one)
-        tokens = torch.stack(drafts, 1).cpu()  # [B, k]
+                if i + 1 < k:
+                    step[index, 0] = token.to(engine.device)
+                    logits = engine.forward(step)[index, 0]  # [B, V]
+                    engine.advance(one)
+            tokens, q = torch.stack(drafts, 1).cpu(), torch.stack(probs, 1)  # [B, k], [B, k, V]
         fed = tokens[:, : k - 1].numpy()
         for b, row in enumerate(rows):
             self.held[row] = np.concatenate([histories[b], fed[b]])
-        q = None if greedy else torch.stack(probs, 1)  # [B, k, V]
         return DraftProposal(tokens, torch.full((B,), k, dtype=torch.int64), q, None)
+
+    def _greedy_chain(self, k: int, first: torch.Tensor, lengths: torch.Tensor) -> tuple:
+        """A greedy chain for every row, with fixed shapes and no host synchronization (a graph):
+        first [R] each row's first draft, lengths [R] the rows' lengths after the sync ->
+        (drafts [R, k],). Step i feeds draft i at slot lengths + i - 1 and leaves the lengths
+        alone (propose moves them). Rows of no request draft from padding, past their length."""
+        token, drafts = first, [first]
+        for i in range(1, k):
+            token = self.engine.forward_at(token[:, None], lengths + (i - 1))[:, 0].argmax(-1)  # [R]
+            drafts.append(token)
+        return (torch.stack(drafts, 1),)
 
     @torch.inference_mode()
     def propose_tree(self, state: DraftState) -> DraftProposal:
