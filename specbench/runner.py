@@ -18,6 +18,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Optional
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -62,7 +63,7 @@ class Round:
 class _Request:
     index: int  # into the prompts
     prompt_tokens: int
-    history: torch.Tensor  # [room] prompt + generated
+    history: torch.Tensor  # [room] prompt + generated (written through `written`, its numpy view)
     n: int  # tokens in history; the engine holds n - 1 of them
     t0: float
     ttft_s: float = 0.0
@@ -70,7 +71,12 @@ class _Request:
     generated: list = field(default_factory=list)
     drafted: list = field(default_factory=list)
     accepted: list = field(default_factory=list)
-    features: Optional[torch.Tensor] = None  # [room, D]: features[t], the target's state after token t
+    features: Optional[torch.Tensor] = None  # [room, D]: features[t], the target's state after token t (its row's)
+
+    @property
+    def written(self):
+        """history as numpy, the same memory: written without a torch dispatch per request."""
+        return self.history.numpy()
 
 
 class _Batch:
@@ -81,7 +87,21 @@ class _Batch:
         self.room_extra = room_extra
         self.queue = deque(range(len(prompts)))
         self.live: dict[int, _Request] = {}  # row -> request
+        # With features: [rows, room, D] on the device, a row's request's features (made at the
+        # first admission), so that a round's kept features go in with one write for all rows.
+        self.features: Optional[torch.Tensor] = None
+        self.room = max(p.shape[0] for p in prompts) + room_extra
         self.prefill_s = 0.0  # every admission's prefill time so far: what live requests wait for
+
+    def keep_features(self, step_features: torch.Tensor, rows: list, reqs: list, paths: list) -> None:
+        """step_features [B, q, D] of a verify forward: each live request keeps its inputs
+        paths[j] (the input token and the accepted drafts) at positions n - 1, n, ... of its row."""
+        count = [len(p) for p in paths]
+        src_row = np.repeat(rows, count)
+        src_pos = np.concatenate(paths)
+        dst_pos = np.concatenate([np.arange(r.n - 1, r.n - 1 + c) for r, c in zip(reqs, count)])
+        index = torch.from_numpy(np.stack([src_row, src_pos, dst_pos])).to(step_features.device)  # [3, sum], one copy
+        self.features[index[0], index[2]] = step_features[index[0], index[1]]
 
     def admit(self, rows: list) -> None:
         """Prefill the next prompts into these free rows, in one call to the engine (batched
@@ -108,7 +128,9 @@ class _Batch:
                          prefill_mark=self.prefill_s, generated=[token])
             if self.engine.feature_layers:
                 prompt_features = out[1]  # [T, D]
-                r.features = prompt_features.new_empty(history.shape[0], prompt_features.shape[-1])
+                if self.features is None:
+                    self.features = prompt_features.new_empty(self.engine.rows, self.room, prompt_features.shape[-1])
+                r.features = self.features[row]
                 r.features[:T] = prompt_features
             self.live[row] = r
 
@@ -184,12 +206,12 @@ def decode_requests(
         # Built on the host and counted as drafting (SGLang builds a tree's mask in its draft
         # step too), so that verify_ms is the target's forward.
         M = proposal.tokens.shape[1] if proposal is not None else 0
-        tokens = torch.zeros(engine.rows, 1 + M, dtype=torch.long)
-        drafts = proposal.tokens.cpu() if proposal is not None else None  # [A, M], one copy
-        for j, (row, r, m) in enumerate(zip(rows, reqs, num)):
-            tokens[row, 0] = r.history[r.n - 1]
-            if m:
-                tokens[row, 1 : 1 + m] = drafts[j, :m]
+        inputs = np.zeros((engine.rows, 1 + M), dtype=np.int64)  # numpy: no dispatch per request
+        inputs[rows, 0] = [r.generated[-1] for r in reqs]  # history[n - 1]
+        if M:
+            drafts = proposal.tokens.cpu().numpy()  # [A, M], one copy; -1 past each request's num
+            inputs[rows, 1:] = np.where(np.arange(M) < np.asarray(num)[:, None], drafts, 0)
+        tokens = torch.from_numpy(inputs)  # [B, 1 + M]
         trees, tree_inputs = {}, ()
         if proposal is not None and not proposal.is_chain:
             depth = torch.zeros(engine.rows, 1 + M, dtype=torch.long)
@@ -228,9 +250,9 @@ def decode_requests(
             keep[row] = rd.path
         engine.advance(keep)
 
-        for j, (row, r, rd) in enumerate(zip(rows, reqs, rounds)):
-            if step_features is not None:
-                r.features[r.n - 1 : r.n + rd.num_accepted] = step_features[row, torch.tensor(rd.path, device=device)]
+        if step_features is not None:  # each request's kept inputs' features, one gather and one write for all
+            batch.keep_features(step_features, rows, reqs, [rd.path for rd in rounds])
+        for row, r, rd in zip(rows, reqs, rounds):
             if stats is not None:
                 stats.observe(rd.num_drafted, rd.num_accepted, rd.tried)
             r.drafted.append(rd.num_drafted)
@@ -240,7 +262,7 @@ def decode_requests(
                 if token in eos_ids:
                     emitted = emitted[: i + 1]
                     break
-            r.history[r.n : r.n + len(emitted)] = torch.tensor(emitted)
+            r.written[r.n : r.n + len(emitted)] = emitted
             r.n += len(emitted)
             r.generated += emitted
         _synchronize(device)  # the round's cache moves (a tree path's KV entries) count in it

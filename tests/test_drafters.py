@@ -492,8 +492,10 @@ def test_eagle_chains_in_the_runner_read_new_pairs_only_over_one_attention_shape
     """EAGLE-3 chains through the runner, five prompts over three rows (requests admitted as
     others finish): every round takes the batched chain path, never the per-request steppers;
     after its first round a request's row reads accepted + 1 pairs (before it, its prompt's);
-    the head cache sized by attach never grows; and the head's attention runs over one key
-    shape and a few query widths however many rounds there are. (Eager attention may plan per
+    the head cache sized by attach never grows; the features each round hands the drafter are
+    the target's hidden states over each history (kept by the runner, a row's buffer a request);
+    and the head's attention runs over one key shape and a few query widths however many rounds
+    there are. (Eager attention may plan per
     shape: on sm90 torch picks cuDNN for this masked bf16 attention, which builds a graph for
     each new shape; with a key length that grew every round, that was a build nearly every round.)"""
     import collections
@@ -524,6 +526,9 @@ def test_eagle_chains_in_the_runner_read_new_pairs_only_over_one_attention_shape
     chain_propose = drafter.chain.propose
 
     def propose(state, *args):
+        want = features_of(target, state.tokens, drafter.feature_layers)
+        for got, ref in zip(state.features, want):
+            torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
         out = chain_propose(state, *args)
         rounds.append(len(state.request_ids))
         for i in state.request_ids:
