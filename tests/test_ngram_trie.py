@@ -245,6 +245,33 @@ def test_reused_id_with_a_new_history_starts_over():
     assert d.trie.count([1, 2]) == 3 and d.trie.count([2, 3]) == 1
 
 
+def test_a_released_request_keeps_its_ngrams_and_drops_its_tracking():
+    """release forgets what a finished request inserted (its history copy), not its n-grams: a
+    later request still drafts from them, and the released id counts afresh if it comes back."""
+    d = drafter()
+    d.observe("A", torch.tensor([10, 5, 6, 7, 8]))
+    d.release(["A", "never seen"])
+    assert d._inserted == {}
+    assert one(d, [20, 5, 6], k=2, num_draft_tokens=3, rid="B") == ([7, 8], [0, 1])
+    d.observe("A", torch.tensor([10, 5, 6, 7, 8]))  # the id reused: inserted again, not skipped
+    assert d.trie.count([5, 6, 7]) == 2
+
+
+def test_the_runner_releases_finished_requests():
+    """Through the runner (the BigramEngine stand-in of test_runner), every finished request is
+    released: nothing is tracked after the run."""
+    from test_runner import BigramEngine
+
+    from specbench.runner import Speculation, decode_requests
+    from specbench.sampling import SamplingParams
+
+    d = drafter(max_bfs_breadth=2)
+    prompts = [torch.tensor([0, 5, 6, 5, 6, 5]), torch.tensor([0, 7, 7, 7]), torch.tensor([0, 3, 4, 3])]
+    decode_requests(BigramEngine(rows=2), prompts, params=SamplingParams(0.0), max_new_tokens=6,
+                    eos_ids=frozenset(), generator=torch.Generator(), spec=Speculation(d, "standard", 3, {}, 2, 5))
+    assert d._inserted == {} and len(d.trie) > 0
+
+
 def test_caller_reusing_its_buffer_does_not_confuse_tracking():
     # The runner passes views of one buffer: what was inserted must be copied, not aliased.
     buf = torch.tensor([1, 2, 3, 4, 0, 0])

@@ -338,6 +338,12 @@ class NgramTrieDrafter:
         self.trie.insert(history[start:].tolist(), first_new=old - start)
         self._inserted[request_id] = history.clone()  # the caller may reuse its buffer
 
+    def release(self, request_ids) -> None:
+        """Forget what these finished requests inserted (unknown ids are ignored); their n-grams
+        stay in the trie, for the requests after them, as in SGLang's shared cache."""
+        for request_id in request_ids:
+            self._inserted.pop(request_id, None)
+
     def draft(self, history: Sequence[int], k: int, max_nodes: int) -> tuple[list[int], list[int]]:
         """The draft tree after a history (its last token is the root), from the trie as it is.
 
