@@ -13,9 +13,9 @@ from specbench.results import COLUMNS, read_jsonl
 
 # A speculative run is compared with the baseline run that shares all of these. `sampling` is
 # "greedy" at temperature 0 (whatever top_k, top_p and seed), else temperature, top_k, top_p and
-# seed: as run.baseline_path keys the cached baseline.
+# seed: as run.baseline_path keys the cached baseline, code (git_sha) included.
 BASELINE_MATCH = ("target", "dataset", "num_prompts", "max_new_tokens", "sampling", "batch_size", "device", "dtype",
-                  "engine", "engine_options")
+                  "engine", "engine_options", "git_sha")
 
 
 def load_results(results_dir: str | Path, *, ok_only: bool = False) -> pd.DataFrame:

@@ -68,11 +68,13 @@ def write_run(results_dir: str | Path, run_id: str, rows: list, config_yaml: str
     return run_dir
 
 
-def finished_rows(results_dir: str | Path, chash: str) -> list:
-    """The rows of an earlier run with this config_hash that ended "ok", or []."""
+def finished_rows(results_dir: str | Path, chash: str, git_sha: str | None) -> list:
+    """The rows of an earlier run with this config_hash, at this code (git_sha), that ended "ok",
+    or []. A run of other code is not this one: its timings are that code's."""
     for path in sorted(Path(results_dir).glob("runs/*/rows.jsonl")):
         rows = read_jsonl(path)
-        if rows and rows[0].get("config_hash") == chash and all(r.get("status") == "ok" for r in rows):
+        if (rows and rows[0].get("config_hash") == chash and rows[0].get("git_sha") == git_sha
+                and all(r.get("status") == "ok" for r in rows)):
             return rows
     return []
 

@@ -151,13 +151,15 @@ def build_engine(cfg: DictConfig, model, inputs: list, feature_layers: tuple, sp
 
 def baseline_path(cfg: DictConfig, device: str, dtype: torch.dtype, num_prompts: int) -> Path:
     """Baselines are shared by every run with the same target, prompts, length, sampling, batch
-    size, engine (its settings too) and device."""
+    size, engine (its settings too), device and code (git SHA): a baseline's timing is the
+    code's, and a results folder that outlives a commit must not compare new runs with it."""
     sampling = [cfg.temperature, cfg.top_k, cfg.top_p, cfg.seed] if cfg.temperature > 0 else [0.0]
     key = {
         "target": [cfg.target.path, cfg.target.sha256, str(dtype)],
         "dataset": [cfg.dataset.source, cfg.dataset.format, num_prompts],
         "max_new_tokens": cfg.max_new_tokens, "sampling": sampling, "device": device,
         "batch_size": cfg.batch_size, "engine": cfg.engine.name, "engine_options": engine_options(cfg.engine),
+        "code": provenance.git_sha(),
     }
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     return Path(cfg.results_dir) / "baselines" / f"{cfg.target.name}-{cfg.dataset.name}-{digest}.json"
@@ -291,11 +293,11 @@ def run_and_record(cfg: DictConfig, task=None) -> list:
     """Run a task, and write its rows whatever happens: a failure is one row with status
     "failed" and the error. task(cfg, row) -> (rows, records); default: a decode run.
 
-    With resume (the default) a config whose rows already ended "ok" in results_dir is not
-    run again: its earlier rows are returned."""
+    With resume (the default) a config whose rows already ended "ok" in results_dir, at the
+    same git SHA, is not run again: its earlier rows are returned."""
     config = to_container(cfg)
     chash = config_hash(config)
-    if cfg.resume and (done := finished_rows(cfg.results_dir, chash)):
+    if cfg.resume and (done := finished_rows(cfg.results_dir, chash, provenance.git_sha())):
         log.info("skip: config %s already has ok rows (run %s); resume=false reruns it", chash, done[0]["run_id"])
         return done
     row = _base_row(cfg, new_run_id(chash), chash)

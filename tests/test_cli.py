@@ -1,6 +1,7 @@
 """The command line: composition, bad input, single runs and sweeps, on a tiny local checkpoint."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -25,9 +26,10 @@ def cfg_of(*overrides):
         return compose("config", overrides=list(overrides))
 
 
-def cli(*args, cwd=None):
+def cli(*args, cwd=None, env=None):
     return subprocess.run(
-        [sys.executable, "-m", "specbench", *args], capture_output=True, text=True, cwd=cwd, timeout=300
+        [sys.executable, "-m", "specbench", *args], capture_output=True, text=True, cwd=cwd, timeout=300,
+        env=None if env is None else {**os.environ, **env},
     )
 
 
@@ -157,6 +159,13 @@ def test_baseline_then_speculative_runs_on_a_local_checkpoint(tiny_checkpoint, t
     assert rows.engine_options.tolist().count("") == 2 and rows.engine_options.tolist().count("cuda_graphs=false") == 1
     assert rows.baseline_tpot_ms[speculative.run_id] == baseline.tpot_ms
     assert rows[rows.engine_options != ""].baseline_tpot_ms.isna().all()  # no baseline row with its setting
+    # Other code is another baseline as well: a results folder outlives commits.
+    later = cli(*tiny(tiny_checkpoint, tmp_path, "+drafter=ngram", "+rule=target_only", "k=3"),
+                env={"SPECBENCH_GIT_SHA": "a-later-commit"})
+    assert later.returncode == 0, later.stderr
+    assert len(list((tmp_path / "baselines").glob("*.json"))) == 3
+    rows = with_speedup(load_results(tmp_path))
+    assert rows[rows.git_sha == "a-later-commit"].baseline_tpot_ms.isna().all()
 
 
 def test_sweep_records_a_failed_job_and_goes_on(tiny_checkpoint, tmp_path):
