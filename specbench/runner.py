@@ -13,6 +13,7 @@ Letters: B engine rows, A live requests, q inputs per row, k draft depth, M draf
 
 from __future__ import annotations
 
+import functools
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -26,7 +27,7 @@ from specbench.drafters.base import DraftState, Drafter
 from specbench.metrics import RequestRecord, RoundClock, SpecStats
 from specbench.rules import NEEDS_DRAFT_PROBS, verify_chain, verify_trees
 from specbench.sampling import SamplingParams, probs_from_logits, sample
-from specbench.tree import compile_tree, with_root
+from specbench.tree import TreeBuffers, compile_tree, with_root
 
 
 @dataclass(frozen=True)
@@ -160,6 +161,12 @@ def decode_requests(
     records: list = [None] * len(prompts)
     clock = clock if clock is not None else RoundClock()
 
+    @functools.lru_cache(maxsize=4096)
+    def compiled(parents: tuple) -> TreeBuffers:
+        """A tree's buffers by its shape (proposal-form parents): a run meets the same shapes
+        round after round, and the buffers are only read."""
+        return compile_tree(with_root(torch.tensor(parents, dtype=torch.int64)))
+
     def done(r: _Request) -> bool:
         return len(r.generated) >= max_new_tokens or r.generated[-1] in eos_ids
 
@@ -214,14 +221,14 @@ def decode_requests(
         tokens = torch.from_numpy(inputs)  # [B, 1 + M]
         trees, tree_inputs = {}, ()
         if proposal is not None and not proposal.is_chain:
-            depth = torch.zeros(engine.rows, 1 + M, dtype=torch.long)
-            ancestors = torch.eye(1 + M, dtype=torch.bool).repeat(engine.rows, 1, 1)  # padding sees itself
-            parents = proposal.parents.cpu()  # [A, M]
+            depth = np.zeros((engine.rows, 1 + M), dtype=np.int64)
+            ancestors = np.tile(np.eye(1 + M, dtype=bool), (engine.rows, 1, 1))  # padding sees itself
+            parents = proposal.parents.cpu().numpy()  # [A, M]
             for j, (row, m) in enumerate(zip(rows, num)):
-                trees[row] = tree = compile_tree(with_root(parents[j, :m]))
-                depth[row, : m + 1] = tree.depth
-                ancestors[row, : m + 1, : m + 1] = tree.mask
-            tree_inputs = (depth, ancestors)
+                trees[row] = tree = compiled(tuple(parents[j, :m].tolist()))
+                depth[row, : m + 1] = tree.depth.numpy()
+                ancestors[row, : m + 1, : m + 1] = tree.mask.numpy()
+            tree_inputs = (torch.from_numpy(depth), torch.from_numpy(ancestors))
         _synchronize(device)
         t_forward = time.perf_counter()
         out = engine.forward(tokens, *tree_inputs)
