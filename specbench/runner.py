@@ -1,11 +1,12 @@
 """The decoding loop over a batch of requests: plain autoregressive or speculative.
 
 The engine holds `rows` requests at once (continuous batching: a finished request's row takes
-the next prompt; every free row is admitted at once, in one prefill call). Each round drafts, for every live request, a chain of up to k tokens or a
-tree (k levels), verifies all of them and their bonus positions in one target forward [rows, q]
-(trees under their ancestor masks), accepts by the rule for all live requests in one call
-(ragged: each keeps its own accepted prefix; with rule.impl=triton one kernel launch for the
-batch, chains or trees), and keeps each accepted path in the engine's KV cache. Baseline and
+the next prompt; every free row is admitted at once, in one prefill call). Each round drafts,
+for every live request, a chain of up to k tokens or a tree (k levels), verifies all of them
+and their bonus positions in one target forward [rows, q] (trees under their ancestor masks),
+accepts by the rule for all live requests in one call (ragged: each keeps its own accepted
+prefix; with rule.impl=triton one kernel launch for the batch, chains or trees), and keeps
+each accepted path in the engine's KV cache. Baseline and
 speculation share this loop, its clocks and its token counting (k = 0 is the baseline).
 
 Letters: B engine rows, A live requests, q inputs per row, k draft depth, M draft nodes, V vocabulary.

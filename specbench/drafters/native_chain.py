@@ -170,7 +170,8 @@ class NativeChain(RowCache):
         index [B] on the engine's device, and the logits [B, V] of each request's first draft."""
         engine = self.engine
         rows, new = zip(*(self._row(i) for i in ids))
-        pending, prefills, cut = [], [], []  # B x [n_b], n_b >= 1; new rows' (row, history less its last); (row, length)
+        pending = []  # B x [n_b], n_b >= 1: what each row reads
+        prefills, cut = [], []  # new rows' (row, history less its last token); cut-back rows' (row, length)
         for row, fresh, history in zip(rows, new, histories):
             T, held = history.shape[0], self.held[row]
             if fresh:
