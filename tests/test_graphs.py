@@ -79,17 +79,21 @@ def fake_graphs(monkeypatch):
     captures = []
     chains = []
 
+    def bound_cache():  # what the bound chain's graphs are captured over (None: no chain bound)
+        if not chains:
+            return None
+        return chains[0].engine if isinstance(chains[0], NativeChain) else chains[0].cache
+
     def capture(run, warmups=2):
         for _ in range(warmups):  # warm-up, as on a side stream: may synchronize (lazy caches)
             run()
         with NoHostSync():
             out = run()
-        cache = (chains[0].engine if isinstance(chains[0], NativeChain) else chains[0].cache) if chains else None
+        cache = bound_cache()
         captures.append(cache)
 
         def check():
-            now = chains and (chains[0].engine if isinstance(chains[0], NativeChain) else chains[0].cache)
-            assert not chains or now is cache, "a graph replayed over a replaced cache"
+            assert bound_cache() is cache, "a graph replayed over a replaced cache"
 
         return FakeGraph(run, out, check), out
 

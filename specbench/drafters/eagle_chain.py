@@ -76,7 +76,8 @@ import torch
 
 from specbench.drafters.base import DraftProposal, DraftState
 from specbench.drafters.expand import expand_trees, tree_proposal
-from specbench.drafters.native_chain import MAX_LENGTH, ROWS, RowCache, shared_prefix
+from specbench.drafters.lm_stepper import shared_prefix
+from specbench.drafters.native_chain import MAX_LENGTH, ROWS, RowCache
 from specbench.graphs import Graphed, supported as graphs_supported
 from specbench.heads import StaticHeadCache, forward_rows, static_width
 from specbench.sampling import SamplingParams, probs_from_logits, sample

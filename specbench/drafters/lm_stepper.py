@@ -9,6 +9,7 @@ drafting and its path is read again).
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from transformers import DynamicCache
 
@@ -58,6 +59,13 @@ class LMStepper:
 
 
 def common_prefix(a: torch.Tensor, b: torch.Tensor) -> int:
+    """How many leading tokens a and b ([n] and [m] int64) share."""
+    return shared_prefix(a.detach().cpu().numpy(), b.detach().cpu().numpy())
+
+
+def shared_prefix(a: np.ndarray, b: np.ndarray) -> int:
+    """common_prefix on numpy arrays (the batched drafters' host bookkeeping)."""
     n = min(a.shape[0], b.shape[0])
-    differ = (a[:n] != b[:n]).nonzero()
-    return int(differ[0]) if differ.numel() else n
+    differ = a[:n] != b[:n]
+    first = int(differ.argmax()) if n else 0
+    return first if n and differ[first] else n

@@ -50,6 +50,7 @@ import torch
 
 from specbench.drafters.base import DraftProposal, DraftState
 from specbench.drafters.expand import expand_trees, tree_proposal
+from specbench.drafters.lm_stepper import shared_prefix
 from specbench.graphs import Graphed, supported as graphs_supported
 from specbench.sampling import SamplingParams, probs_from_logits, sample
 
@@ -302,10 +303,3 @@ def host_array(tokens: torch.Tensor) -> np.ndarray:
     tokens = tokens.detach()
     return (tokens if tokens.device.type == "cpu" else tokens.cpu()).numpy().reshape(-1)
 
-
-def shared_prefix(a: np.ndarray, b: np.ndarray) -> int:
-    """How many leading entries a and b share (lm_stepper.common_prefix, on numpy arrays)."""
-    n = min(a.shape[0], b.shape[0])
-    differ = a[:n] != b[:n]
-    first = int(differ.argmax()) if n else 0
-    return first if n and differ[first] else n
