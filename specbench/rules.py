@@ -151,36 +151,15 @@ def verify_tree(
     threshold_acc: float = 1.0,
     impl: str = "torch",
 ) -> TreeResult:
-    """Walk one request's draft tree from the root, a level at a time.
+    """Walk one request's draft tree from the root, a level at a time: `verify_trees` for one.
 
     target_probs: [N, V] p at every node (the verify forward under the tree mask); node_tokens:
     [N] (node 0 the root); tree: specbench.tree.TreeBuffers. At each node its children are
     tried in order by `verify_siblings`; an accepted child becomes the next node, a refusal
     emits the recovered token and ends the round, and a leaf emits a bonus token from p there.
-    impl="triton": the same walk in one kernel (specbench.kernels.tree; target_only,
-    thresholded and greedy), on coins and noise drawn from `generator`.
     """
-    _check_impl(impl)
-    if impl == "triton":
-        return _verify_trees_kernel(rule, target_probs[None], node_tokens[None], [tree], generator,
-                                    threshold_single, threshold_acc)[0]
-    path, emitted = [0], []
-    while True:
-        node = path[-1]
-        children = tree.children(node)
-        p = target_probs[node : node + 1]  # [1, V]
-        if not children:  # a leaf: the bonus token
-            bonus = p.argmax(-1) if rule == "greedy" else sample(p, generator)
-            return TreeResult(path=path, tokens=emitted + [int(bonus)], tried=len(path) - 1)
-        result = verify_siblings(
-            rule, p, node_tokens[children].unsqueeze(0), generator=generator,
-            threshold_single=threshold_single, threshold_acc=threshold_acc,
-        )
-        j = int(result.accepted[0])
-        emitted.append(int(result.token[0]))
-        if j < 0:
-            return TreeResult(path=path, tokens=emitted, tried=len(path))
-        path.append(children[j])
+    return verify_trees(rule, target_probs[None], node_tokens[None], [tree], generator=generator,
+                        threshold_single=threshold_single, threshold_acc=threshold_acc, impl=impl)[0]
 
 
 def verify_trees(
@@ -194,15 +173,18 @@ def verify_trees(
     threshold_acc: float = 1.0,
     impl: str = "torch",
 ) -> list[TreeResult]:
-    """Walk A requests' draft trees, one per request, as `verify_tree` walks one.
+    """Walk A requests' draft trees, one per request, every request at once.
 
     target_probs: [A, q, V]; node_tokens: [A, q] (column 0 each request's root); trees: A
     specbench.tree.TreeBuffers, request a's with m_a <= q nodes (its rows past m_a are not read).
-    impl="torch": `verify_tree` request by request, drawing from `generator` in that order.
+    impl="torch": D + 1 rounds of `verify_siblings` over all A requests (D the deepest tree), each
+    request at its current node with its children as the candidates; one copy to the host at the
+    end. A leaf has no candidates, so its row's draw is the bonus token from p. Each level draws
+    [A, ...] from `generator` for every request, still walking or not.
     impl="triton": every tree in one kernel launch (specbench.kernels.tree), the trees padded to
-    the most nodes, on coins [A, D] (D the deepest tree) and noise [A, V] drawn once for the
-    batch: the same law as the torch walk, and the same tokens under greedy, but not the same
-    draws from a seed as verifying the requests one at a time.
+    the most nodes, on coins [A, D] and noise [A, V] drawn once for the batch.
+    Both impls give the same law, and the same tokens under greedy, but not the same draws from a
+    seed.
     """
     _check_impl(impl)
     A, q = node_tokens.shape
@@ -212,13 +194,41 @@ def verify_trees(
     sizes = [int(t.parents.shape[0]) for t in trees]
     if any(m > q for m in sizes):
         raise ValueError(f"trees of {max(sizes)} nodes do not fit in q = {q} verify positions")
+    if A == 0:
+        return []
     if impl == "triton":
         return _verify_trees_kernel(rule, target_probs, node_tokens, trees, generator, threshold_single, threshold_acc)
-    return [
-        verify_tree(rule, target_probs[a, :m], node_tokens[a, :m], tree, generator=generator,
-                    threshold_single=threshold_single, threshold_acc=threshold_acc)
-        for a, (tree, m) in enumerate(zip(trees, sizes))
-    ]
+    device = target_probs.device
+    D = max(int(t.depth.max()) for t in trees)
+    Z = max(1, max(t.child_table.shape[1] for t in trees))
+    table = torch.full((A, max(sizes), Z), -1, dtype=torch.int64)  # [A, N, Z] children in try order
+    for a, t in enumerate(trees):
+        table[a, : sizes[a], : t.child_table.shape[1]] = t.child_table
+    table = table.to(device)
+    rows = torch.arange(A, device=device)
+    node = torch.zeros(A, dtype=torch.int64, device=device)  # [A] each walk's current node
+    going = torch.ones(A, dtype=torch.bool, device=device)
+    tried = torch.zeros(A, dtype=torch.int64, device=device)
+    path = torch.full((A, D + 1), -1, dtype=torch.int64, device=device)
+    path[:, 0] = 0
+    emitted = torch.full((A, D + 1), -1, dtype=torch.int64, device=device)
+    for level in range(D + 1):  # the walks at depth `level`; at D every one is at a leaf or done
+        children = table[rows, node]  # [A, Z]
+        candidates = torch.where(children >= 0, node_tokens.gather(1, children.clamp(min=0)), -1)
+        result = verify_siblings(rule, target_probs[rows, node], candidates, generator=generator,
+                                 threshold_single=threshold_single, threshold_acc=threshold_acc)
+        emitted[:, level] = torch.where(going, result.token, -1)
+        tried += going & (children[:, 0] >= 0)  # a leaf's level tests nothing
+        going &= result.accepted >= 0
+        if level < D:
+            node = torch.where(going, children[rows, result.accepted.clamp(min=0)], node)
+            path[:, level + 1] = torch.where(going, node, -1)
+    host = torch.cat([path, emitted, tried[:, None]], 1).tolist()  # [A, 2D + 3], the one sync
+    results = []
+    for row in host:
+        walked = [n for n in row[: D + 1] if n >= 0]
+        results.append(TreeResult(path=walked, tokens=row[D + 1 : D + 1 + len(walked)], tried=row[-1]))
+    return results
 
 
 @dataclass(frozen=True)
@@ -346,8 +356,6 @@ def _verify_trees_kernel(rule, target_probs, node_tokens, trees, generator, thre
     if rule != "thresholded" and (threshold_single, threshold_acc) != (1.0, 1.0):
         raise ValueError(f"rule={rule} takes no thresholds; use rule thresholded")
     A, _, V = target_probs.shape
-    if A == 0:
-        return []
     device = target_probs.device
     # Pad on the CPU, one copy to the device: rows [A, N] of parents, depth, first child, next sibling.
     parents, depth, first_child, next_sibling = (

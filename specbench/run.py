@@ -149,7 +149,7 @@ def build_engine(cfg: DictConfig, model, inputs: list, feature_layers: tuple, sp
     )
 
 
-def baseline_path(cfg: DictConfig, device: str, dtype: torch.dtype, num_prompts: int) -> Path:
+def baseline_path(cfg: DictConfig, device: str, dtype: torch.dtype, num_prompts: int, code: str | None) -> Path:
     """Baselines are shared by every run with the same target, prompts, length, sampling, batch
     size, engine (its settings too), device and code (git SHA): a baseline's timing is the
     code's, and a results folder that outlives a commit must not compare new runs with it."""
@@ -159,13 +159,13 @@ def baseline_path(cfg: DictConfig, device: str, dtype: torch.dtype, num_prompts:
         "dataset": [cfg.dataset.source, cfg.dataset.format, num_prompts],
         "max_new_tokens": cfg.max_new_tokens, "sampling": sampling, "device": device,
         "batch_size": cfg.batch_size, "engine": cfg.engine.name, "engine_options": engine_options(cfg.engine),
-        "code": provenance.git_sha(),
+        "code": code,
     }
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     return Path(cfg.results_dir) / "baselines" / f"{cfg.target.name}-{cfg.dataset.name}-{digest}.json"
 
 
-def _base_row(cfg: DictConfig, run_id: str, chash: str) -> dict:
+def _base_row(cfg: DictConfig, run_id: str, chash: str, git_sha: str | None) -> dict:
     speculative = cfg.drafter is not None
     rule, rule_params = rule_of(cfg) if speculative else (None, {})
     row = dict.fromkeys(COLUMNS)
@@ -174,7 +174,7 @@ def _base_row(cfg: DictConfig, run_id: str, chash: str) -> dict:
         drafter=cfg.drafter.name if speculative else None, rule=rule, k=cfg.k if speculative else None,
         topk=tree_shape(cfg)[0] if speculative else None, num_draft_tokens=tree_shape(cfg)[1] if speculative else None,
         temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, batch_size=cfg.batch_size,
-        dataset=cfg.dataset.name, git_sha=provenance.git_sha(), config_hash=chash,
+        dataset=cfg.dataset.name, git_sha=git_sha, config_hash=chash,
         max_new_tokens=cfg.max_new_tokens, seed=cfg.seed, target_path=cfg.target.path,
         timestamp=time.strftime("%Y-%m-%dT%H:%M:%S%z"), hydra_dir=_hydra_dir(), **rule_params,
         engine=cfg.engine.name, engine_options=engine_options(cfg.engine),
@@ -229,7 +229,7 @@ def run(cfg: DictConfig, row: dict) -> tuple[list, list]:
     spec = Speculation(drafter, rule, cfg.k, rule_params, topk, num_draft_tokens, impl) if drafter is not None else None
     kw = dict(cfg=cfg, params=params, eos=eos)
 
-    base_file = baseline_path(cfg, device, next(model.parameters()).dtype, len(prompts))
+    base_file = baseline_path(cfg, device, next(model.parameters()).dtype, len(prompts), row["git_sha"])
     baseline = read_json(base_file) if base_file.exists() else None
     records = None
     if baseline is None or spec is None:
@@ -296,11 +296,11 @@ def run_and_record(cfg: DictConfig, task=None) -> list:
     With resume (the default) a config whose rows already ended "ok" in results_dir, at the
     same git SHA, is not run again: its earlier rows are returned."""
     config = to_container(cfg)
-    chash = config_hash(config)
-    if cfg.resume and (done := finished_rows(cfg.results_dir, chash, provenance.git_sha())):
+    chash, sha = config_hash(config), provenance.git_sha()  # the SHA once: two git processes
+    if cfg.resume and (done := finished_rows(cfg.results_dir, chash, sha)):
         log.info("skip: config %s already has ok rows (run %s); resume=false reruns it", chash, done[0]["run_id"])
         return done
-    row = _base_row(cfg, new_run_id(chash), chash)
+    row = _base_row(cfg, new_run_id(chash), chash, sha)
     rows, records = [row], []
     try:
         loggers.check(cfg)

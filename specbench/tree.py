@@ -25,6 +25,8 @@ class TreeBuffers:
     next_sibling: [N] next sibling in try order, -1 for the last (retrive_next_sibling)
     index:        [N] row of each node in the verify forward's output (retrive_index); the
                   identity for one request, b * N + i when B requests are flattened
+    child_table:  [N, Z] each node's children in try order, -1 after them (Z the most children
+                  of one node): the batched walk's lookup
     """
 
     parents: torch.Tensor
@@ -33,14 +35,11 @@ class TreeBuffers:
     next_token: torch.Tensor
     next_sibling: torch.Tensor
     index: torch.Tensor
+    child_table: torch.Tensor
 
     def children(self, node: int) -> list[int]:
         """Children of a node in try order."""
-        out, child = [], int(self.next_token[node])
-        while child >= 0:
-            out.append(child)
-            child = int(self.next_sibling[child])
-        return out
+        return [c for c in self.child_table[node].tolist() if c >= 0]
 
 
 def compile_tree(parents: torch.Tensor, offset: int = 0) -> TreeBuffers:
@@ -60,18 +59,21 @@ def compile_tree(parents: torch.Tensor, offset: int = 0) -> TreeBuffers:
     depth = [0] * N
     mask = [[j == i for j in range(N)] for i in range(N)]
     next_token, next_sibling = [-1] * N, [-1] * N
-    last_child: dict = {}
+    children: list[list[int]] = [[] for _ in range(N)]
     for i in range(1, N):
         depth[i] = depth[p[i]] + 1
         mask[i] = [a or b for a, b in zip(mask[i], mask[p[i]])]  # a node sees what its parent sees, and itself
-        if p[i] in last_child:
-            next_sibling[last_child[p[i]]] = i
+        if children[p[i]]:
+            next_sibling[children[p[i]][-1]] = i
         else:
             next_token[p[i]] = i
-        last_child[p[i]] = i
+        children[p[i]].append(i)
+    Z = max(map(len, children))
+    table = [c + [-1] * (Z - len(c)) for c in children]
     as_tensor = lambda x, dtype=torch.int64: torch.tensor(x, dtype=dtype)  # noqa: E731
     return TreeBuffers(parents, as_tensor(depth), as_tensor(mask, torch.bool), as_tensor(next_token),
-                       as_tensor(next_sibling), torch.arange(offset, offset + N, dtype=torch.int64))
+                       as_tensor(next_sibling), torch.arange(offset, offset + N, dtype=torch.int64),
+                       as_tensor(table).reshape(N, Z))
 
 
 def chain_parents(m: int) -> torch.Tensor:

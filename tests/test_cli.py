@@ -241,7 +241,7 @@ def test_the_baseline_runs_on_an_engine_of_its_own(tiny_checkpoint, tmp_path):
 
     def run(*overrides):
         cfg = cfg_of(*tiny(tiny_checkpoint, tmp_path / "results", "k=3", *overrides))
-        row = run_module._base_row(cfg, new_run_id("x"), "x")
+        row = run_module._base_row(cfg, new_run_id("x"), "x", "sha")
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(run_module, "build_engine", recorded)
             rows, _ = run_module.run(cfg, row)

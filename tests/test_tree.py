@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from conftest import ENGINES, make_engine
-from specbench.rules import verify_siblings, verify_tree
+from specbench.rules import verify_siblings, verify_tree, verify_trees
 from specbench.tree import compile_tree, select_nodes, with_root
 
 
@@ -156,3 +156,117 @@ def test_verify_tree_walks_accepted_children_and_ends_with_a_bonus():
     # a refusal at the first level: no child equals the argmax
     res = verify_tree("greedy", probs, torch.tensor([9, 2, 3, 0]), tree)
     assert res.path == [0] and res.tokens == [1] and res.tried == 1
+
+
+# --- the batched walk: every request's tree at once ------------------------------------------
+
+
+def random_trees(n, g, max_nodes=12):
+    """n random trees of 1 to max_nodes nodes (roots alone, chains and bushes among them)."""
+    trees = []
+    for _ in range(n):
+        m = int(torch.randint(1, max_nodes + 1, (), generator=g))
+        trees.append(compile_tree(torch.tensor([-1] + [int(torch.randint(i, (), generator=g)) for i in range(1, m)])))
+    return trees
+
+
+def walk_one(tree, labels, choose, emit):
+    """The walk by its definition, one node at a time: labels [N] the nodes' tokens,
+    choose(node, children) the accepted child or None, emit(node) the token a refusal or a leaf
+    emits there."""
+    path, tokens, node = [0], [], 0
+    while True:
+        children = tree.children(node)
+        child = choose(node, children) if children else None
+        if child is None:
+            return path, tokens + [emit(node)], len(path) - (not children)
+        path.append(child)
+        tokens.append(int(labels[child]))
+        node = child
+
+
+def test_batched_greedy_walk_is_each_tree_walked_alone():
+    """60 random trees in one call (seed 5), each node's token its parent's argmax with
+    probability 0.6, so that greedy both accepts and refuses: each request's path, tokens and
+    tried levels are its own tree's walk by definition."""
+    g = torch.Generator().manual_seed(5)
+    trees = random_trees(60, g)
+    q, V = max(t.parents.shape[0] for t in trees), 8
+    probs = torch.softmax(3 * torch.randn(60, q, V, generator=g), -1)
+    tokens = torch.randint(0, V, (60, q), generator=g)
+    parents = torch.stack([torch.cat([t.parents, t.parents.new_zeros(q - t.parents.shape[0])]) for t in trees])
+    hits = torch.rand(60, q, generator=g) < 0.6
+    tokens = torch.where(hits, probs.argmax(-1).gather(1, parents.clamp(min=0)), tokens)
+    out = verify_trees("greedy", probs, tokens, trees)
+    depths = []
+    for a, (t, res) in enumerate(zip(trees, out)):
+        best = probs[a].argmax(-1)
+        hit = lambda node, children: next((c for c in children if tokens[a, c] == best[node]), None)  # noqa: E731
+        assert (res.path, res.tokens, res.tried) == walk_one(t, tokens[a], hit, lambda node: int(best[node])), a
+        depths.append(res.num_accepted)
+    assert min(depths) == 0 and max(depths) >= 3  # refusals, and walks deep into a tree
+
+
+@pytest.mark.parametrize("rule", ["standard", "onehot", "target_only", "thresholded"])
+def test_batched_sampled_walk_follows_each_request_point_masses(rule):
+    """p a point mass at every node: on one child's token (the walk must take that child, the
+    other siblings tried first and refused) or on a token no child holds (the walk must stop
+    there and emit it). Every lossless rule is then deterministic, so 60 random trees in one call
+    (seed 6) check that each request walks its own tree on its own rows."""
+    g = torch.Generator().manual_seed(6)
+    trees = random_trees(60, g)
+    q, V = max(t.parents.shape[0] for t in trees), 64
+    tokens = torch.full((60, q), 0, dtype=torch.int64)
+    probs = torch.zeros(60, q, V)
+    target = {}  # (request, node) -> the child p points at, or None
+    for a, t in enumerate(trees):
+        for node in range(t.parents.shape[0]):
+            children = t.children(node)
+            picks = torch.randperm(V - 1, generator=g)[: len(children) + 1] + 1  # distinct, never 0
+            tokens[a, children] = picks[:-1]
+            pick = int(torch.randint(len(children) + 1, (), generator=g))  # len(children): none of them
+            target[a, node] = children[pick] if pick < len(children) else None
+            probs[a, node, picks[pick]] = 1.0
+    out = verify_trees(rule, probs, tokens, trees, generator=torch.Generator().manual_seed(0))
+    depths = []
+    for a, (t, res) in enumerate(zip(trees, out)):
+        emit = lambda node: int(probs[a, node].argmax())  # noqa: E731
+        assert (res.path, res.tokens, res.tried) == walk_one(t, tokens[a], lambda node, _: target[a, node], emit), (rule, a)
+        depths.append(res.num_accepted)
+    assert min(depths) == 0 and max(depths) >= 3
+
+
+@pytest.mark.parametrize("rule", ["standard", "onehot", "target_only"])
+def test_batched_sampled_walk_is_lossless_at_two_levels(rule):
+    """n = 100,000 requests cycling through five trees, the write-up's toy p at every node, one
+    call (seed 7). The first emitted token must be distributed as p, and so must the second
+    among the walks that accepted a first-level child (that acceptance reads the first level's
+    draws only): about 35,000 of them, the trees' first-level mass being 0.35 on average. A
+    chi-square test at alpha 1e-3 over 6 categories detects a TV of 0.02 with power > 0.99 at
+    30,000 draws (asserted with the sample actually drawn)."""
+    from scipy.stats import chisquare
+
+    from specbench.distcheck import power
+
+    P = torch.tensor([0.40, 0.25, 0.15, 0.10, 0.07, 0.03])
+    shapes = [compile_tree(torch.tensor(p)) for p in
+              ([-1, 0, 0, 1, 1, 2], [-1, 0, 1, 2], [-1], [-1, 0, 0, 0, 1, 4], [-1, 0, 1, 1, 0])]
+    labels = torch.tensor([0, 1, 3, 0, 2, 5])  # node i's token; siblings differ in every tree
+    n = 100_000
+    trees = [shapes[a % 5] for a in range(n)]
+    out = verify_trees(rule, P.expand(n, 6, 6), labels.expand(n, 6), trees, generator=torch.Generator().manual_seed(7))
+
+    def pvalue(tokens):
+        counts = torch.bincount(torch.tensor(tokens), minlength=6).double()
+        return chisquare(counts.numpy(), (P.double() * counts.sum()).numpy()).pvalue
+
+    assert pvalue([r.tokens[0] for r in out]) > 1e-3
+    second = [r.tokens[1] for r in out if r.num_accepted >= 1]
+    assert power(len(second), 0.02, 1e-3, 6) > 0.99
+    assert pvalue(second) > 1e-3
+    # The first level is accepted with its children's mass: 0.35, 0.25, 0, 0.75, 0.40 by tree.
+    mass = torch.tensor([float(P[labels[t.children(0)]].sum()) if t.children(0) else 0.0 for t in shapes])
+    assert mass.tolist() == pytest.approx([0.35, 0.25, 0.0, 0.75, 0.40])
+    expected = mass.repeat(n // 5).double()
+    accepted = torch.tensor([r.num_accepted >= 1 for r in out], dtype=torch.float64)
+    assert abs(accepted.mean() - expected.mean()) < 5 * (expected * (1 - expected)).sum().sqrt() / n

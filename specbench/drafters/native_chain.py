@@ -184,11 +184,8 @@ class NativeChain(RowCache):
             else:
                 keep = min(shared_prefix(held, history), T - 1)
                 if keep != held.shape[0]:
-                    cut.append((row, keep))  # drop what differs: no copy
+                    cut.append((row, keep))
             pending.append(history[keep:])
-        if cut:  # one write for every row cut back
-            at, length = zip(*cut)
-            engine.lengths[torch.tensor(at, device=engine.device)] = torch.tensor(length, device=engine.device)
         if prefills:  # the new requests' rows together (consecutive ones in one forward)
             engine.prefill_rows(*map(list, zip(*prefills)))
         R, q = engine.rows, max(p.shape[0] for p in pending)
@@ -197,9 +194,14 @@ class NativeChain(RowCache):
         for b, (row, p) in enumerate(zip(rows, pending)):
             inputs[row, : p.shape[0]] = p
             last[b] = p.shape[0] - 1
-        # One host-to-device copy: the inputs, then each request's row and last real input.
-        packed = torch.from_numpy(np.concatenate([inputs.ravel(), np.asarray(rows, dtype=np.int64), last]))
-        inputs_d, index, last_d = packed.to(engine.device).split([R * q, len(rows), len(rows)])
+        # One host-to-device copy: the inputs, each request's row and last real input, then the
+        # rows cut back and their lengths (rows no prefill touched).
+        at, length = (np.asarray(x, dtype=np.int64) for x in (zip(*cut) if cut else ((), ())))
+        packed = torch.from_numpy(np.concatenate([inputs.ravel(), np.asarray(rows, dtype=np.int64), last, at, length]))
+        sizes = [R * q, len(rows), len(rows), len(cut), len(cut)]
+        inputs_d, index, last_d, at_d, length_d = packed.to(engine.device).split(sizes)
+        if cut:
+            engine.lengths[at_d] = length_d  # drop what differs: no copy
         logits = engine.forward(inputs_d.view(R, q))[index, last_d]  # [B, V] (a copy: a CUDA graph's output is reused)
         keep_inputs = [[] for _ in range(R)]
         for row, p in zip(rows, pending):
