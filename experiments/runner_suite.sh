@@ -10,7 +10,7 @@
 #              GB more than its q accounts for: results/2026-12-03-h200-afternoon)
 #   eagle3_b8  eagle3 at batch 8, T = 0.7 alone (a re-run)
 #   trees      eagle3 and draft_model (TREE_DRAFTERS) drafting +tree=sglang_5_4_8 (k = 5, topk 4,
-#              8 nodes verified) at batch 1 and 8, temperature 0 (TREE_TEMPS)
+#              8 nodes verified) at batch 1, 8 and 48, temperature 0 (TREE_TEMPS)
 # TEMPS (default 0,0.7) and DRAFTERS (default all five) narrow `real`.
 # Sizes: SYN_PROMPTS x SYN_TOKENS (default 4 x 96) for the control; TOKENS new tokens (48) for
 # real weights, with 16 prompts at batch 1 and 8 and 48 at batch 48 (every row busy).
@@ -63,8 +63,12 @@ if [[ $parts == *" eagle3_b8 "* ]]; then
   real 8 16 +drafter=eagle3 temperature=0.7
 fi
 if [[ $parts == *" trees "* ]]; then
-  run -m +drafter="${TREE_DRAFTERS:-eagle3,draft_model}" +tree=sglang_5_4_8 temperature="${TREE_TEMPS:-0}" \
-      dataset=mt_bench,humaneval batch_size=1,8 dataset.num_prompts=16 max_new_tokens="$tokens"
+  trees() {  # $1: batch sizes, $2: prompts
+    run -m +drafter="${TREE_DRAFTERS:-eagle3,draft_model}" +tree=sglang_5_4_8 temperature="${TREE_TEMPS:-0}" \
+        dataset=mt_bench,humaneval batch_size="$1" dataset.num_prompts="$2" max_new_tokens="$tokens"
+  }
+  trees 1,8 16
+  trees 48 48
 fi
 if [[ $parts == *" sampling "* ]]; then
   for dataset in mt_bench humaneval; do
