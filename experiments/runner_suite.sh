@@ -38,7 +38,16 @@ res, out = map(pathlib.Path, sys.argv[1:])
 load_results(res).to_csv(out / "rows.csv", index=False)
 PY
 }
-run() { echo "== $*" | tee -a "$log"; "$py" -m specbench "$@" "${engine[@]}" "results_dir=$res" "${t[@]}" 2>&1 | quiet; collect; }
+# A sweep runs in the background and is waited for, so that a TERM (timeout's) reaches the trap
+# at once: it stops the sweep, and the rows of the jobs that ended are still collected.
+run() {
+  echo "== $*" | tee -a "$log"
+  "$py" -m specbench "$@" "${engine[@]}" "results_dir=$res" "${t[@]}" 2>&1 | quiet &
+  wait $!
+  collect
+}
+stop() { pkill -TERM -P $$; wait; collect; exit 143; }
+trap stop TERM INT
 
 if [[ $parts == *" synthetic "* ]]; then
   for a in 0.6 0.7 0.8 0.9; do
@@ -54,10 +63,11 @@ real() {  # $1: batch sizes, $2: prompts, then extra overrides
 drafters=${DRAFTERS:-ngram,ngram_trie,draft_model,layerskip,eagle3}
 temps=${TEMPS:-0,0.7}
 if [[ $parts == *" real "* ]]; then
-  for drafter in ${drafters//,/ }; do  # a sweep a drafter: rows.csv grows as each one ends
-    real 1,8 16 +drafter="$drafter" temperature="$temps"
-    real 48 48 +drafter="$drafter" temperature="$temps"
-  done
+  # Every drafter in one sweep (one process): a process costs 30 to 50 s to start and compile,
+  # a job after the first 10 to 15 s. Each job writes its rows as it ends; `collect` below
+  # gathers them however the script ends.
+  real 1,8 16 +drafter="$drafters" temperature="$temps"
+  real 48 48 +drafter="$drafters" temperature="$temps"
 fi
 if [[ $parts == *" eagle3_b8 "* ]]; then
   real 8 16 +drafter=eagle3 temperature=0.7
