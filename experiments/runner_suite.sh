@@ -46,7 +46,7 @@ run() {
   wait $!
   collect
 }
-stop() { pkill -TERM -P $$; wait; collect; exit 143; }
+stop() { kill $(jobs -p) 2>/dev/null; wait; collect; exit 143; }
 trap stop TERM INT
 
 if [[ $parts == *" synthetic "* ]]; then
