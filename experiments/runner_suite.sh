@@ -21,7 +21,7 @@ target=${2:-}
 res=${RESULTS:-$out/results}
 parts=" ${PARTS:-synthetic real sampling} "
 tokens=${TOKENS:-48}
-mkdir -p "$res"
+mkdir -p "$res" "$out"
 py=${PYTHON:-python3}
 t=()
 [ -n "$target" ] && t=("target.path=$target")
@@ -48,6 +48,18 @@ run() {
 }
 stop() { kill $(jobs -p) 2>/dev/null; wait; collect; exit 143; }
 trap stop TERM INT
+# The prompt sets must resolve before any job starts: on an offline host every job fails on its
+# fetch, after loading the model (60 failed rows cost a 2026-12-05 device call).
+"$py" -c "
+import sys, yaml
+from specbench.fetch import FetchError, fetch
+for name in ('mt_bench', 'humaneval'):
+    cfg = yaml.safe_load(open('$(dirname "$0")/../conf/dataset/' + name + '.yaml'))
+    try:
+        fetch(cfg['source'], cfg['sha256'])
+    except FetchError as e:
+        sys.exit(f'runner_suite: dataset {name}: {e}; offline, carry experiments/carry_datasets.sh\'s folder')
+" || exit 2
 
 if [[ $parts == *" synthetic "* ]]; then
   for a in 0.6 0.7 0.8 0.9; do

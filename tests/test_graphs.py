@@ -55,7 +55,8 @@ class FakeGraph:
             with NoHostSync():
                 new = self.run()
             for o, n in zip(self.out, new):
-                o.copy_(n)
+                if o is not None:  # an engine without feature layers returns (logits, None)
+                    o.copy_(n)
         finally:
             FakeGraph.replaying = False
 
@@ -101,6 +102,20 @@ def fake_graphs(monkeypatch):
     monkeypatch.setattr(eagle_chain, "graphs_supported", lambda device: True)
     monkeypatch.setattr(native_chain, "graphs_supported", lambda device: True)
     return chains.append, captures
+
+
+def test_the_engine_captures_through_graphs_capture_as_it_is_when_called(monkeypatch):
+    """NativeEngine looks graphs.capture up at each capture. It used to bind it at import, so
+    the first test to import the engine under fake_graphs left every later test, the CUDA ones
+    included, capturing stand-ins (test_draft_model_greedy_chains_through_cuda_graphs failed so
+    on an H100, 2026-12-05)."""
+    from specbench.engines.native import NativeEngine, Transformer
+
+    engine = NativeEngine(Transformer.from_hf(tiny_llama(seed=1, scale=4.0)), 1, 16)
+    seen = []
+    monkeypatch.setattr(graphs, "capture", lambda run: seen.append(run) or ("graph", run()))
+    graph, _, out = engine._capture((torch.zeros(1, 1, dtype=torch.int64), engine.lengths, *engine._chain(1, 1)))
+    assert graph == "graph" and len(seen) == 1 and out[0].shape == (1, 1, 96)
 
 
 def test_graphed_keeps_a_graph_per_key_and_shapes(fake_graphs):

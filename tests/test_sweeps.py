@@ -138,22 +138,35 @@ def test_joblib_launcher_runs_jobs_in_parallel_and_the_parent_reports(tiny_check
     assert proc.stdout.count(" ngram ") == 2  # the summary table, printed by the parent process
 
 
-def test_runner_suite_stopped_by_timeout_stops_its_sweep_and_collects(tmp_path):
-    """experiments/runner_suite.sh under `timeout` (a device call's limit): the TERM must stop the
-    running sweep at once (no job left holding the GPU) and still collect the rows so far. A
-    stand-in PYTHON records each call: a sweep (-m specbench ...) writes its pid and sleeps; the
-    collect step (python3 - RESULTS OUT) is logged."""
+def runner_suite(tmp_path, prefix, datasets_ok=True):
+    """experiments/runner_suite.sh PARTS=real under a stand-in PYTHON that records each call: the
+    datasets' preflight (-c) passes or fails, a sweep (-m specbench ...) writes its pid and
+    sleeps, the collect step (python3 - RESULTS OUT) is logged."""
     fake = tmp_path / "py"
     fake.write_text(
         "#!/usr/bin/env bash\n"
+        f'if [ "$1" = "-c" ]; then {"exit 0" if datasets_ok else "echo no prompts >&2; exit 1"}; fi\n'
         f'if [ "$1" = "-m" ]; then echo $$ > {tmp_path}/job.pid; exec sleep 60; fi\n'
         f'cat > /dev/null; echo "collect $*" >> {tmp_path}/calls\n'
     )
     fake.chmod(0o755)
     script = Path(__file__).resolve().parents[1] / "experiments" / "runner_suite.sh"
     env = {**os.environ, "PYTHON": str(fake), "PARTS": "real"}
-    proc = subprocess.run(["timeout", "3", "bash", str(script), str(tmp_path / "out")], env=env,
+    return subprocess.run([*prefix, "bash", str(script), str(tmp_path / "out")], env=env,
                           capture_output=True, text=True, timeout=30)
+
+
+def test_runner_suite_without_its_datasets_starts_no_job(tmp_path):
+    """On a host that cannot fetch the prompt sets the suite stops before any sweep, non-zero."""
+    proc = runner_suite(tmp_path, [], datasets_ok=False)
+    assert proc.returncode == 2 and "no prompts" in proc.stderr
+    assert not (tmp_path / "job.pid").exists() and not (tmp_path / "calls").exists()
+
+
+def test_runner_suite_stopped_by_timeout_stops_its_sweep_and_collects(tmp_path):
+    """experiments/runner_suite.sh under `timeout` (a device call's limit): the TERM must stop the
+    running sweep at once (no job left holding the GPU) and still collect the rows so far."""
+    proc = runner_suite(tmp_path, ["timeout", "3"])
     assert proc.returncode == 124, proc.stderr
     assert (tmp_path / "calls").read_text().split() == ["collect", "-", str(tmp_path / "out" / "results"),
                                                        str(tmp_path / "out")]
