@@ -92,9 +92,7 @@ def verify_siblings(
     c = candidates.clamp(min=0)
     rows = torch.arange(B, device=target_probs.device)
     if rule == "greedy":
-        hit = (c == target_probs.argmax(-1, keepdim=True)) & valid  # [B, m]
-        accepted = torch.where(hit.any(-1), hit.long().argmax(-1), -1)
-        return SiblingResult(token=target_probs.argmax(-1), accepted=accepted)
+        return _greedy_siblings(target_probs.argmax(-1), candidates)
     if rule in ("onehot", "standard"):
         return _recursive_rejection(target_probs, c, valid, generator)
     p_c = target_probs.gather(-1, c).masked_fill(~valid, 0.0)  # [B, m]
@@ -107,6 +105,12 @@ def verify_siblings(
     recovered = sample(residual, generator)
     token = torch.where(accepted >= 0, c[rows, accepted.clamp(min=0)], recovered)
     return SiblingResult(token=token, accepted=accepted)
+
+
+def _greedy_siblings(best: torch.Tensor, candidates: torch.Tensor) -> SiblingResult:
+    """best: [B] argmax p; candidates: [B, m] (-1 pads) -> the first candidate equal to it."""
+    hit = (candidates == best[:, None]) & (candidates >= 0)  # [B, m]
+    return SiblingResult(token=best, accepted=torch.where(hit.any(-1), hit.long().argmax(-1), -1))
 
 
 def _recursive_rejection(p: torch.Tensor, c: torch.Tensor, valid: torch.Tensor, generator) -> SiblingResult:
@@ -212,11 +216,15 @@ def verify_trees(
     path = torch.full((A, D + 1), -1, dtype=torch.int64, device=device)
     path[:, 0] = 0
     emitted = torch.full((A, D + 1), -1, dtype=torch.int64, device=device)
+    best = target_probs.argmax(-1) if rule == "greedy" else None  # [A, q]: one pass over V, not one a level
     for level in range(D + 1):  # the walks at depth `level`; at D every one is at a leaf or done
         children = table[rows, node]  # [A, Z]
         candidates = torch.where(children >= 0, node_tokens.gather(1, children.clamp(min=0)), -1)
-        result = verify_siblings(rule, target_probs[rows, node], candidates, generator=generator,
-                                 threshold_single=threshold_single, threshold_acc=threshold_acc)
+        if best is not None:
+            result = _greedy_siblings(best[rows, node], candidates)
+        else:
+            result = verify_siblings(rule, target_probs[rows, node], candidates, generator=generator,
+                                     threshold_single=threshold_single, threshold_acc=threshold_acc)
         emitted[:, level] = torch.where(going, result.token, -1)
         tried += going & (children[:, 0] >= 0)  # a leaf's level tests nothing
         going &= result.accepted >= 0
