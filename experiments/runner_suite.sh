@@ -49,7 +49,7 @@ run() {
 stop() { kill $(jobs -p) 2>/dev/null; wait; collect; exit 143; }
 trap stop TERM INT
 # The prompt sets must resolve before any job starts: on an offline host every job fails on its
-# fetch, after loading the model (60 failed rows cost a 2026-12-05 device call).
+# fetch (72 failed jobs spent three device calls on 2026-12-05).
 "$py" -c "
 import sys, yaml
 from specbench.fetch import FetchError, fetch
