@@ -9,12 +9,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=${1:-.carry/cache}
 mkdir -p "$dir"
-SPECBENCH_CACHE=$(cd "$dir" && pwd) "${PYTHON:-python3}" - <<'PY'
-import pathlib, yaml
-from specbench.fetch import fetch, is_remote
-for path in sorted(pathlib.Path("conf/dataset").glob("*.yaml")):
-    cfg = yaml.safe_load(path.read_text())
-    if is_remote(cfg.get("source") or ""):
-        print(path.stem, fetch(cfg["source"], cfg.get("sha256")))
-PY
+SPECBENCH_CACHE=$(cd "$dir" && pwd) "${PYTHON:-python3}" -m specbench.datasets
 du -sh "$dir"

@@ -50,16 +50,7 @@ stop() { kill $(jobs -p) 2>/dev/null; wait; collect; exit 143; }
 trap stop TERM INT
 # The prompt sets must resolve before any job starts: on an offline host every job fails on its
 # fetch (72 failed jobs spent three device calls on 2026-12-05).
-"$py" -c "
-import sys, yaml
-from specbench.fetch import FetchError, fetch
-for name in ('mt_bench', 'humaneval'):
-    cfg = yaml.safe_load(open('$(dirname "$0")/../conf/dataset/' + name + '.yaml'))
-    try:
-        fetch(cfg['source'], cfg['sha256'])
-    except FetchError as e:
-        sys.exit(f'runner_suite: dataset {name}: {e}; offline, carry experiments/carry_datasets.sh\'s folder')
-" || exit 2
+"$py" -m specbench.datasets mt_bench humaneval > /dev/null || exit 2  # offline: experiments/carry_datasets.sh
 
 if [[ $parts == *" synthetic "* ]]; then
   for a in 0.6 0.7 0.8 0.9; do

@@ -116,3 +116,38 @@ def encode_prompts(prompts: list[Prompt], tokenizer: Any) -> list[torch.Tensor]:
             raise ValueError(f"prompt {p.id!r}: encodes to no tokens")
         out.append(torch.tensor(ids, dtype=torch.int64))
     return out
+
+
+CONF = Path(__file__).resolve().parent.parent / "conf" / "dataset"
+
+
+def main(argv: list[str]) -> int:
+    """python -m specbench.datasets [NAME ...]: fetch the prompt sets of conf/dataset (every
+    one, or those named) into the cache ($SPECBENCH_CACHE), a line each. For a host with no
+    registry: fill a cache elsewhere and carry it (experiments/carry_datasets.sh), or check that
+    one is there before a sweep (experiments/runner_suite.sh). One line and status 2 for a set
+    that cannot be fetched."""
+    import sys
+
+    import yaml
+
+    from specbench.fetch import FetchError
+
+    for name in argv or sorted(p.stem for p in CONF.glob("*.yaml")):
+        path = CONF / f"{name}.yaml"
+        if not path.is_file():
+            print(f"dataset={name}: no conf/dataset/{name}.yaml", file=sys.stderr)
+            return 2
+        cfg = yaml.safe_load(path.read_text())
+        try:
+            print(name, fetch(cfg["source"], cfg.get("sha256")))
+        except FetchError as e:
+            print(f"dataset={name}: {e}", file=sys.stderr)
+            return 2
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main(sys.argv[1:]))

