@@ -16,6 +16,18 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from specbench.drafters.base import DraftProposal, DraftState
 
 
+TOY_P = torch.tensor([0.40, 0.25, 0.15, 0.10, 0.07, 0.03])  # the write-up's toy target
+
+
+def chi2_pvalue(tokens: torch.Tensor, p: torch.Tensor) -> float:
+    """Chi-square goodness of fit of drawn tokens [n] (values < len(p)) to the distribution p."""
+    from scipy import stats
+
+    counts = torch.bincount(tokens.cpu(), minlength=len(p)).double()
+    p = p.double() / p.double().sum()
+    return stats.chisquare(counts.numpy(), (p * counts.sum()).numpy()).pvalue
+
+
 def tiny_tokenizer(chat: bool):
     """A word-level tokenizer built in memory: no hub access, no files."""
     from tokenizers import Tokenizer, models, pre_tokenizers

@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
-from scipy import stats
 
+from conftest import TOY_P as P, chi2_pvalue
 from specbench.config import ConfigError, NgramConfig, register, validate
 from specbench.drafters.base import DraftState
 from specbench.drafters.ngram import NgramDrafter, ngram_propose_batch
@@ -45,7 +45,6 @@ if HAS_TRITON:
     if not CUDA and not kchain.INTERPRETED:
         raise RuntimeError("no GPU and triton was imported without TRITON_INTERPRET=1 (see conftest.py)")
 
-P = torch.tensor([0.40, 0.25, 0.15, 0.10, 0.07, 0.03])  # the write-up's toy target
 Q = torch.tensor([0.20, 0.35, 0.05, 0.25, 0.10, 0.05])  # and draft
 N = 200_000
 N_KERNEL = N if CUDA else 500
@@ -141,12 +140,6 @@ def test_greedy_kernel_is_the_rules_greedy():
 
 
 # --- chain: distributions -------------------------------------------------------------------
-
-
-def chi2_pvalue(tokens, p):
-    counts = torch.bincount(tokens.cpu(), minlength=len(p)).double()
-    p = p.double() / p.double().sum()
-    return stats.chisquare(counts.numpy(), (p * counts.sum()).numpy()).pvalue
 
 
 @needs_triton

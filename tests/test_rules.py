@@ -12,9 +12,9 @@ import pytest
 import torch
 from scipy import stats
 
+from conftest import TOY_P as P, chi2_pvalue  # P: the target
 from specbench.rules import verify_chain, verify_siblings
 
-P = torch.tensor([0.40, 0.25, 0.15, 0.10, 0.07, 0.03])  # target, the write-up's toy
 Q = torch.tensor([0.20, 0.35, 0.05, 0.25, 0.10, 0.05])  # draft
 N = 200_000
 
@@ -25,12 +25,6 @@ def one_position(rule, draft_tokens, draft_probs=None, seed=0, **kw):
     target = P.expand(N, 2, 6)
     res = verify_chain(rule, target, draft_tokens.view(N, 1), draft_probs, generator=g, **kw)
     return res.tokens[:, 0], res.num_accepted
-
-
-def chi2_pvalue(tokens, p):
-    counts = torch.bincount(tokens, minlength=len(p)).double()
-    p = p.double() / p.double().sum()
-    return stats.chisquare(counts.numpy(), (p * counts.sum()).numpy()).pvalue
 
 
 # --- exact cases -------------------------------------------------------------------------------

@@ -4,7 +4,7 @@ against separate branch forwards, KV compaction, and the rules walking a tree.""
 import pytest
 import torch
 
-from conftest import ENGINES, make_engine
+from conftest import ENGINES, TOY_P, chi2_pvalue, make_engine
 from specbench.rules import verify_siblings, verify_tree, verify_trees
 from specbench.tree import compile_tree, select_nodes, with_root
 
@@ -244,28 +244,21 @@ def test_batched_sampled_walk_is_lossless_at_two_levels(rule):
     draws only): about 35,000 of them, the trees' first-level mass being 0.35 on average. A
     chi-square test at alpha 1e-3 over 6 categories detects a TV of 0.02 with power > 0.99 at
     30,000 draws (asserted with the sample actually drawn)."""
-    from scipy.stats import chisquare
-
     from specbench.distcheck import power
 
-    P = torch.tensor([0.40, 0.25, 0.15, 0.10, 0.07, 0.03])
     shapes = [compile_tree(torch.tensor(p)) for p in
               ([-1, 0, 0, 1, 1, 2], [-1, 0, 1, 2], [-1], [-1, 0, 0, 0, 1, 4], [-1, 0, 1, 1, 0])]
     labels = torch.tensor([0, 1, 3, 0, 2, 5])  # node i's token; siblings differ in every tree
     n = 100_000
     trees = [shapes[a % 5] for a in range(n)]
-    out = verify_trees(rule, P.expand(n, 6, 6), labels.expand(n, 6), trees, generator=torch.Generator().manual_seed(7))
-
-    def pvalue(tokens):
-        counts = torch.bincount(torch.tensor(tokens), minlength=6).double()
-        return chisquare(counts.numpy(), (P.double() * counts.sum()).numpy()).pvalue
-
-    assert pvalue([r.tokens[0] for r in out]) > 1e-3
-    second = [r.tokens[1] for r in out if r.num_accepted >= 1]
+    out = verify_trees(rule, TOY_P.expand(n, 6, 6), labels.expand(n, 6), trees,
+                       generator=torch.Generator().manual_seed(7))
+    assert chi2_pvalue(torch.tensor([r.tokens[0] for r in out]), TOY_P) > 1e-3
+    second = torch.tensor([r.tokens[1] for r in out if r.num_accepted >= 1])
     assert power(len(second), 0.02, 1e-3, 6) > 0.99
-    assert pvalue(second) > 1e-3
+    assert chi2_pvalue(second, TOY_P) > 1e-3
     # The first level is accepted with its children's mass: 0.35, 0.25, 0, 0.75, 0.40 by tree.
-    mass = torch.tensor([float(P[labels[t.children(0)]].sum()) if t.children(0) else 0.0 for t in shapes])
+    mass = torch.tensor([float(TOY_P[labels[t.children(0)]].sum()) if t.children(0) else 0.0 for t in shapes])
     assert mass.tolist() == pytest.approx([0.35, 0.25, 0.0, 0.75, 0.40])
     expected = mass.repeat(n // 5).double()
     accepted = torch.tensor([r.num_accepted >= 1 for r in out], dtype=torch.float64)
