@@ -196,11 +196,11 @@ class NativeChain(RowCache):
             last[b] = p.shape[0] - 1
         # One host-to-device copy: the inputs, each request's row and last real input, then the
         # rows cut back and their lengths (rows no prefill touched).
-        at, length = (np.asarray(x, dtype=np.int64) for x in (zip(*cut) if cut else ((), ())))
-        packed = torch.from_numpy(np.concatenate([inputs.ravel(), np.asarray(rows, dtype=np.int64), last, at, length]))
-        sizes = [R * q, len(rows), len(rows), len(cut), len(cut)]
-        inputs_d, index, last_d, at_d, length_d = packed.to(engine.device).split(sizes)
-        if cut:
+        cut = np.asarray(cut, dtype=np.int64).reshape(-1, 2)  # [C, 2] (row, length)
+        packed = torch.from_numpy(np.concatenate([inputs.ravel(), np.asarray(rows, dtype=np.int64), last, cut.T.ravel()]))
+        B, C = len(rows), cut.shape[0]
+        inputs_d, index, last_d, at_d, length_d = packed.to(engine.device).split([R * q, B, B, C, C])
+        if C:
             engine.lengths[at_d] = length_d  # drop what differs: no copy
         logits = engine.forward(inputs_d.view(R, q))[index, last_d]  # [B, V] (a copy: a CUDA graph's output is reused)
         keep_inputs = [[] for _ in range(R)]
