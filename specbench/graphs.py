@@ -23,6 +23,14 @@ from typing import Callable, Hashable
 
 import torch
 
+_captures = 0  # graphs captured by this process (through `capture`)
+
+
+def captures() -> int:
+    """Graphs this process has captured so far: a runner reads it around a timed region, where
+    a capture (a shape met for the first time) is a stall that no round of steady decoding has."""
+    return _captures
+
 
 def supported(device: torch.device) -> bool:
     """Whether forwards on `device` can be captured (CUDA only)."""
@@ -36,6 +44,8 @@ def capture(run: Callable[[], object], warmups: int = 2) -> tuple[object, object
     The garbage collector is run first and kept off during the capture: a graph it frees inside
     another's capture (a dropped EagleChain's: its Graphed holds bound methods, a reference cycle)
     invalidates that capture. torch.cuda.graph collected before capturing until torch 2.8."""
+    global _captures
+    _captures += 1
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):  # warm-up (and compilation) outside the capture

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import hashlib
@@ -15,7 +16,7 @@ from typing import Optional
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from specbench import loggers, provenance
+from specbench import graphs, loggers, provenance
 from specbench.config import SERVING_ENGINES, ConfigError, engine_options, to_container, validate
 from specbench.datasets import encode_prompts, load_prompts
 from specbench.drafters.draft_model import DraftModelDrafter
@@ -124,6 +125,23 @@ def warm_up(engine, inputs, prompts, kw: dict, spec) -> None:
     measured decode uses (a speculative run's verify, and its drafter's), with every row busy."""
     warm = OmegaConf.merge(kw["cfg"], {"max_new_tokens": min(WARMUP_TOKENS, kw["cfg"].max_new_tokens)})
     decode_all(engine, inputs[: engine.rows], prompts[: engine.rows], **{**kw, "cfg": warm}, spec=spec, desc="warm-up")
+
+
+@contextlib.contextmanager
+def timed_region():
+    """Around a measured decode -> a dict that gets graph_captures: the CUDA graphs captured
+    inside (a shape the warm-up did not meet; each a stall no steady round has, so a row with
+    any is flagged, not trusted). Before it, cyclic garbage is collected (an earlier job's
+    engines and graphs: freeing them mid-decode would stall it) and the heap is frozen, so that
+    a collection the decode triggers scans only what the decode made, not the whole process."""
+    gc.collect()
+    gc.freeze()
+    counted, start = {}, graphs.captures()
+    try:
+        yield counted
+    finally:
+        gc.unfreeze()
+        counted["graph_captures"] = graphs.captures() - start
 
 
 def build_engine(cfg: DictConfig, model, inputs: list, feature_layers: tuple, speculative: bool = True):
@@ -238,11 +256,13 @@ def run(cfg: DictConfig, row: dict) -> tuple[list, list]:
         engine = build_engine(cfg, model, inputs, (), speculative=False)
         warm_up(engine, inputs, prompts, kw, None)
         _reset_peak_memory(engine.device)
-        base_records, _, base_clock = decode_all(engine, inputs, prompts, **kw, spec=None, desc="baseline")
+        with timed_region() as base_counted:
+            base_records, _, base_clock = decode_all(engine, inputs, prompts, **kw, spec=None, desc="baseline")
+        counted = base_counted
         if baseline is None:
             base_summary = summarize(base_records, SpecStats(0), wall_s=0.0, clock=base_clock)
             baseline = {"tokens": [r.tokens for r in base_records], "device": device, "git_sha": row["git_sha"],
-                        "run_id": row["run_id"],
+                        "run_id": row["run_id"], "graph_captures": base_counted["graph_captures"],
                         **{key: base_summary[key] for key in ("tpot_ms", "throughput_tok_s", "verify_ms")}}
             atomic_write(base_file, json.dumps(baseline) + "\n")
         if spec is None:  # the baseline run is this computation: report it, do not decode twice
@@ -256,7 +276,8 @@ def run(cfg: DictConfig, row: dict) -> tuple[list, list]:
         if cfg.drafter.name in MODEL_FREE:  # ngram_trie would keep what the warm-up said
             spec = dataclasses.replace(spec, drafter=build_drafter(cfg.drafter, params, cfg.seed))
         _reset_peak_memory(engine.device)
-        records, stats, clock = decode_all(engine, inputs, prompts, **kw, spec=spec, desc=row["run_id"])
+        with timed_region() as counted:
+            records, stats, clock = decode_all(engine, inputs, prompts, **kw, spec=spec, desc=row["run_id"])
 
     row.update(summarize(records, stats, wall_s=time.perf_counter() - started, clock=clock))
     row.update(summarize_slots(records, kv_policy(cfg)))
@@ -269,7 +290,8 @@ def run(cfg: DictConfig, row: dict) -> tuple[list, list]:
         first_divergence=divergence if compared else None,
         speedup=baseline["tpot_ms"] / row["tpot_ms"] if baseline["tpot_ms"] and row["tpot_ms"] else None,
         baseline_tpot_ms=baseline["tpot_ms"], baseline_throughput_tok_s=baseline.get("throughput_tok_s"),
-        baseline_step_ms=baseline.get("verify_ms"),
+        baseline_step_ms=baseline.get("verify_ms"), graph_captures=counted["graph_captures"],
+        baseline_graph_captures=baseline.get("graph_captures"),
         kv_bytes_per_token=getattr(engine, "kv_bytes_per_token", None), peak_memory_gb=_peak_memory_gb(engine.device),
         status="ok",
     )

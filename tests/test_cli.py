@@ -145,6 +145,7 @@ def test_baseline_then_speculative_runs_on_a_local_checkpoint(tiny_checkpoint, t
     assert speculative.greedy_mismatches == 0  # temperature 0: token-for-token the baseline
     assert speculative.speedup > 0 and speculative.new_tokens == baseline.new_tokens
     assert len(speculative.accept_pos) == 3
+    assert speculative.graph_captures == 0 and speculative.baseline_graph_captures == 0  # no graphs on a CPU
     # the baseline was computed once (by the baseline run) and reused
     assert len(list((tmp_path / "baselines").glob("*.json"))) == 1
     run_dir = tmp_path / "runs" / speculative.run_id

@@ -365,6 +365,44 @@ def test_a_draft_model_greedy_round_through_graphs_leaves_the_host_the_sync(targ
     assert counts[True] * 2 < counts[False], counts
 
 
+@pytest.mark.parametrize("tree", [False, True], ids=["chains", "trees"])
+def test_a_draft_model_captures_every_sync_width_at_its_first_round(tree, target, fake_graphs):
+    """How many tokens a row's sync reads depends on what the last round accepted (a chain's
+    row 1 or 2, a tree's 1 .. k + 1), and each width is an engine graph of its own. Every one a
+    run can meet is captured at the first round: later rounds, whatever they accept, capture
+    nothing (a capture inside a measured decode is a stall of tens to hundreds of ms; the
+    synthetic control's rows on an H100, 2026-12-05, drafted 3 to 6 ms a round more than their
+    TPOT held, k >= 3). The padded sync drafts what the eager one drafts."""
+    bind, captures = fake_graphs
+    k = 3
+    runs = {}
+    for graphs_on in (False, True):
+        chain = NativeChain(draft_model_builder(target), cuda_graphs=graphs_on)
+        assert chain.ready()
+        chain.engine.cuda_graphs = graphs_on  # the engine's own graphs, as on CUDA
+        if graphs_on:
+            bind(chain)
+        histories = {7: torch.tensor([0, 5, 6, 7, 5, 6]), 3: torch.tensor([0, 9]), 11: torch.tensor([0, 3, 4, 3])}
+        proposals, after_first = [], None
+        for accepted in ({7: 0, 3: k, 11: 1}, {7: k, 3: 0, 11: 2}, {7: 1, 3: k, 11: k}, {7: 0, 3: 0, 11: 0}):
+            order = tuple(histories)
+            if tree:
+                state = DraftState(tokens=[histories[i] for i in order], k=k, topk=2, num_draft_tokens=6,
+                                   request_ids=order)
+                proposals.append(got := chain.propose_tree(state))
+                grow(histories, got, order, {i: min(a, int(got.num_tokens[b])) - 1 for b, (i, a) in
+                                             enumerate(accepted.items())})
+            else:
+                state = DraftState(tokens=[histories[i] for i in order], k=k, request_ids=order)
+                proposals.append(got := chain.propose(state, "greedy", SamplingParams(0.0, 0, 1.0), None))
+                for b, i in enumerate(order):
+                    histories[i] = torch.cat([histories[i], got.tokens[b, : accepted[i]], torch.tensor([40 + i])])
+            after_first = len(captures) if after_first is None else after_first
+        runs[graphs_on] = proposals
+    same_proposals(runs[True], runs[False])
+    assert after_first > 0 and len(captures) == after_first, (after_first, len(captures))
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 @pytest.mark.parametrize("sizing", SIZINGS)
 def test_draft_model_greedy_chains_through_cuda_graphs_draft_what_eager_chains_draft(sizing):
@@ -398,3 +436,20 @@ def test_draft_bench_runs_tiny(tmp_path):
         (d, m, B) for d in ("eagle3", "eagle", "draft_model") for m in ("greedy", "sampled", "tree") for B in (1, 3)]
     assert all(r["graphs_ms"] > 0 and r["eager_ms"] > 0 and r["same_drafts"] and r["rounds"] == 4
                for r in bench["rows"])
+
+
+def test_a_timed_region_counts_the_captures_inside_it_with_the_heap_frozen(monkeypatch):
+    """The runner's measured decodes run in run.timed_region: the graphs captured inside are
+    counted (the row's graph_captures), and the heap is frozen while it runs, then not."""
+    import gc
+
+    from specbench.run import timed_region
+
+    counter = iter([5, 8])  # graphs.captures() before and after
+    monkeypatch.setattr(graphs, "captures", lambda: next(counter))
+    frozen = gc.get_freeze_count()
+    with timed_region() as counted:
+        inside = gc.get_freeze_count()
+        assert counted == {}
+    assert inside > frozen and gc.get_freeze_count() == frozen and counted == {"graph_captures": 3}
+

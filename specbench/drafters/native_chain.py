@@ -12,8 +12,12 @@ sync: a row holds the tokens it has read (its request's last history and the dra
     it). The common prefix with the new history stays; the rest (rejected drafts) is dropped by
     setting the row's length, with no copy. New requests' rows are prefilled with their
     histories less the last token, together (NativeEngine.prefill_rows). One forward then
-    reads every row's remaining tokens (ragged, padded to the longest; at least the last one);
-    the logits at each row's last real input give the first draft's distribution.
+    reads every row's remaining tokens (ragged, padded to a power of two at or above the
+    longest, heads.static_width; at least the last one); the logits at each row's last real
+    input give the first draft's distribution. A chain row reads 1 or 2 tokens a round, a
+    tree's up to k + 1 (its accepted path and the bonus): with CUDA graphs every sync width a
+    round can meet is captured at the first round, so that no capture (tens to hundreds of ms)
+    lands inside a measured decode, where the warm-up's few rounds may not have met it.
 steps: k - 1 forwards of one token per row, each feeding the previous step's drafts. Greedy
     chains run them over every row at fixed shapes, step i at slot length + i - 1 (rows of no
     request draft from padding, past their length), and replay the k - 1 forwards and their
@@ -52,6 +56,7 @@ from specbench.drafters.base import DraftProposal, DraftState
 from specbench.drafters.expand import expand_trees, tree_proposal
 from specbench.drafters.lm_stepper import shared_prefix
 from specbench.graphs import Graphed, supported as graphs_supported
+from specbench.heads import static_width
 from specbench.sampling import SamplingParams, probs_from_logits, sample
 
 log = logging.getLogger(__name__)
@@ -132,6 +137,7 @@ class NativeChain(RowCache):
         # A greedy chain's k - 1 steps and argmaxes, replayed from one CUDA graph (enabled once
         # the model is built on CUDA) or called eagerly; the sync replays the engine's own graphs.
         self._greedy = Graphed(self._greedy_chain, False)
+        self._widths: set = set()  # sync widths whose engine graphs are captured (this cache)
 
     def ready(self) -> bool:
         """Build the model and its cache on the first call -> whether chains and trees can run here."""
@@ -160,16 +166,19 @@ class NativeChain(RowCache):
         old = self.engine
         self.engine = NativeEngine(self.model, rows, max_length, cuda_graphs=self.cuda_graphs, compile=False)
         self._greedy.clear()  # captured over the old cache
+        self._widths.clear()  # the new engine has no graphs
         if old is not None:  # a grown cache keeps every row's entries and length
             R, S = old.rows, old.capacity
             self.engine.cache_k[:, :R, :, :S] = old.cache_k
             self.engine.cache_v[:, :R, :, :S] = old.cache_v
             self.engine.lengths[:R] = old.lengths
 
-    def _sync(self, ids: tuple, histories: list) -> tuple[tuple, torch.Tensor, torch.Tensor]:
+    def _sync(self, ids: tuple, histories: list, most: int) -> tuple[tuple, torch.Tensor, torch.Tensor]:
         """Bring each request's row to its history (the module's sync) -> the rows [B], their
-        index [B] on the engine's device, and the logits [B, V] of each request's first draft."""
+        index [B] on the engine's device, and the logits [B, V] of each request's first draft.
+        most: the tokens a row that drafted last round can have to read (accepted + 1)."""
         engine = self.engine
+        self._capture_widths(most)
         rows, new = zip(*(self._row(i) for i in ids))
         pending = []  # B x [n_b], n_b >= 1: what each row reads
         prefills, cut = [], []  # new rows' (row, history less its last token); cut-back rows' (row, length)
@@ -188,7 +197,7 @@ class NativeChain(RowCache):
             pending.append(history[keep:])
         if prefills:  # the new requests' rows together (consecutive ones in one forward)
             engine.prefill_rows(*map(list, zip(*prefills)))
-        R, q = engine.rows, max(p.shape[0] for p in pending)
+        R, q = engine.rows, static_width(max(p.shape[0] for p in pending), engine.capacity)
         inputs = np.zeros((R, q), dtype=np.int64)  # padding and idle rows read token 0
         last = np.empty(len(rows), dtype=np.int64)
         for b, (row, p) in enumerate(zip(rows, pending)):
@@ -211,6 +220,18 @@ class NativeChain(RowCache):
             self.held[row] = history.copy()  # the row now holds its history (a tree keeps it so)
         return rows, index, logits
 
+    def _capture_widths(self, most: int) -> None:
+        """With CUDA graphs: capture the engine's graph for every sync width up to `most` tokens
+        a row (padded as the sync pads them) that this cache has not met. Zeros are written past
+        every row's length (free slots, rewritten before anything reads them); the logits are
+        dropped and no length moves."""
+        engine = self.engine
+        if not engine.cuda_graphs:
+            return
+        for q in sorted({static_width(c, engine.capacity) for c in range(1, most + 1)} - self._widths):
+            engine.forward(torch.zeros(engine.rows, q, dtype=torch.int64, device=engine.device))
+            self._widths.add(q)
+
     @torch.inference_mode()
     def propose(self, state: DraftState, method: str, params: SamplingParams,
                 generator: Optional[torch.Generator]) -> DraftProposal:
@@ -223,7 +244,7 @@ class NativeChain(RowCache):
         # last slot of the engine only takes clamped padding writes.
         self._fit(ids, max(h.shape[0] for h in histories) + k)
         engine = self.engine
-        rows, index, logits = self._sync(ids, histories)
+        rows, index, logits = self._sync(ids, histories, 2)  # the last draft and the bonus, at most
         R = engine.rows
 
         if greedy:  # k - 1 steps and their argmaxes over every row, one graph
@@ -274,7 +295,7 @@ class NativeChain(RowCache):
         # the last slot of the engine only takes clamped padding writes.
         self._fit(ids, max(h.shape[0] for h in histories) + (state.k - 1) * W + 1)
         engine = self.engine
-        rows, index, logits = self._sync(ids, histories)
+        rows, index, logits = self._sync(ids, histories, state.k + 1)  # the accepted path and the bonus
         R, device = engine.rows, engine.device
         fed = torch.zeros(B, 0, dtype=torch.int64, device=device)  # [B, n] the frontiers fed so far
         seen = torch.zeros(B, 0, 0, dtype=torch.bool, device=device)  # [B, n, n] their ancestors
