@@ -51,8 +51,11 @@ def synthetic_table(rows: pd.DataFrame) -> pd.DataFrame:
         measured=figures.measured_speedup(runs),
     )
     runs["measured/formula"] = runs.measured / runs.formula
+    # The per-round split's means over the median TPOT's round (batch 1: no other request's
+    # prefill in either): about 1, unless a stall (a capture) inflated the means of one request.
+    runs["split/tpot"] = (runs.draft_ms + runs.verify_ms + runs.other_ms) / (runs.tpot_ms * runs.tokens_per_round)
     runs["measured/cost_model"] = runs.measured / runs.predicted_speedup
-    cols = ["a", "k", "graph_captures", "tokens_per_round", "c_measured", "r_measured", "measured", "formula", "measured/formula",
+    cols = ["a", "k", "graph_captures", "split/tpot", "tokens_per_round", "c_measured", "r_measured", "measured", "formula", "measured/formula",
             "predicted_speedup", "measured/cost_model"]
     return runs[[c for c in cols if c in runs.columns]].sort_values(["a", "k"]).reset_index(drop=True)
 
