@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -397,18 +398,35 @@ class NativeEngine:
         graph, out = graphs.capture(lambda: self._run(static))
         return graph, static, out
 
+    def _compact(self, moved: list) -> None:
+        """Move each (row, kept input indices) path's entries to the slots from the row's length
+        on: every row in one gather and one write, with no host synchronization (the lengths
+        stay on the device). A path is padded with input 0 onto itself: the root, which every
+        path keeps in place."""
+        M, P = len(moved), max(len(k) for _, k in moved)
+        index = np.zeros((M, 1 + 2 * P), dtype=np.int64)  # a path a line: its row, its inputs, then 0 .. n - 1
+        for i, (b, k) in enumerate(moved):  # numpy: no torch dispatch per row
+            index[i, 0] = b
+            index[i, 1 : 1 + len(k)] = k
+            index[i, 1 + P : 1 + P + len(k)] = range(len(k))
+        index = torch.from_numpy(index)
+        if self.device.type == "cuda":
+            index = index.pin_memory()
+        index = index.to(self.device, non_blocking=True)
+        rows = index[:, :1]  # [M, 1]
+        start = self.lengths[rows]  # [M, 1]
+        src, dst = start + index[:, 1 : 1 + P], start + index[:, 1 + P :]  # [M, P] slots
+        for cache in (self.cache_k, self.cache_v):  # [L, R, Hkv, S, hd]; the gather copies before the write
+            cache[:, rows, :, dst] = cache[:, rows, :, src]
+
     @torch.inference_mode()
     def advance(self, keep: list) -> None:
         """After a forward: row b keeps the inputs keep[b] (ascending input indices, the first
         input 0 first; empty for an idle row) at contiguous positions. A chain's keep is
         0..a: no copy, the length moves. A tree path off the first branch moves a entries."""
         moved = [(b, k) for b, k in enumerate(keep) if len(k) and k[-1] != len(k) - 1]
-        for b, k in moved:
-            start = int(self.lengths[b])
-            src = torch.as_tensor(k, device=self.device) + start
-            dst = torch.arange(start, start + len(k), device=self.device)
-            self.cache_k[:, b, :, dst] = self.cache_k[:, b, :, src]  # gather copies before the write
-            self.cache_v[:, b, :, dst] = self.cache_v[:, b, :, src]
+        if moved:
+            self._compact(moved)
         counts = [len(k) for k in keep]
         if len(set(counts)) == 1:  # every row keeps as many (a decode step: one each): no copy at all
             self.lengths += counts[0]

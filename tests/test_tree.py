@@ -126,6 +126,27 @@ def test_tree_forward_matches_each_branch_and_compaction_keeps_the_path(tiny_mod
     torch.testing.assert_close(after, plain, rtol=1e-4, atol=1e-4)
 
 
+def test_advance_moves_every_rows_tree_path_as_one_row_at_a_time_would(tiny_model):
+    """Rows of different lengths keep tree paths of different lengths (and a chain row, an idle
+    row): the batched move (one gather, one write, no host sync) leaves every slot as moving
+    each row's path alone would, and each length past its path."""
+    engine = make_engine("native", tiny_model, rows=5, max_length=32)
+    g = torch.Generator().manual_seed(3)
+    engine.cache_k.copy_(torch.randn(engine.cache_k.shape, generator=g))
+    engine.cache_v.copy_(torch.randn(engine.cache_v.shape, generator=g))
+    engine.lengths.copy_(torch.tensor([4, 9, 0, 6, 2]))
+    keep = [[0, 2, 5], [0, 1, 2], [], [0, 3], [0, 1, 4, 6]]  # row 1 a chain, row 2 idle
+    want_k, want_v = engine.cache_k.clone(), engine.cache_v.clone()
+    for b, k in enumerate(keep):
+        start = int(engine.lengths[b])
+        for j, i in enumerate(k):  # ascending, i >= j: slot start + j is read before it is written
+            want_k[:, b, :, start + j] = want_k[:, b, :, start + i]
+            want_v[:, b, :, start + j] = want_v[:, b, :, start + i]
+    engine.advance(keep)
+    assert engine.lengths.tolist() == [7, 12, 0, 8, 6]
+    assert torch.equal(engine.cache_k, want_k) and torch.equal(engine.cache_v, want_v)
+
+
 P = torch.tensor([0.1, 0.4, 0.3, 0.2])
 
 
