@@ -292,7 +292,8 @@ def _verify_chain(spec, rule, probs, proposal, num, generator) -> list[Round]:
         rule, probs, drafts, draft_probs, generator=generator, impl=spec.impl,
         **(spec.rule_params if rule == "thresholded" else {}),
     )
-    tokens, accepted = result.tokens.tolist(), result.num_accepted.tolist()
+    both = torch.cat([result.tokens, result.num_accepted[:, None]], 1).tolist()  # one copy to the host, not two
+    tokens, accepted = [row[:-1] for row in both], [row[-1] for row in both]
     return [Round(t[: a + 1], m, a, min(a + 1, m), list(range(a + 1))) for t, a, m in zip(tokens, accepted, num)]
 
 
