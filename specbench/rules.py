@@ -285,44 +285,43 @@ def verify_chain(
     if impl == "triton":
         return _verify_chain_kernel(rule, target_probs, draft_tokens, draft_probs, generator, threshold_single, threshold_acc)
 
+    positions = torch.arange(k + 1, device=target_probs.device)  # [k+1]
+    if rule == "greedy":  # every position's argmax, once: an accepted draft equals it, and so does the last token
+        best = target_probs.argmax(-1)  # [B, k+1]
+        num_accepted = (draft_tokens == best[:, :k]).long().cumprod(-1).sum(-1)  # [B]; -1 equals no argmax
+        return VerifyResult(tokens=torch.where(positions <= num_accepted.unsqueeze(-1), best, -1),
+                            num_accepted=num_accepted)
+
     rows = torch.arange(B, device=target_probs.device)
     valid = draft_tokens >= 0  # [B, k]
     x = draft_tokens.clamp(min=0)  # [B, k]
     p_x = target_probs[:, :k].gather(-1, x.unsqueeze(-1)).squeeze(-1)  # [B, k]
-
-    if rule == "greedy":
-        accepted = x == target_probs[:, :k].argmax(-1)
-    else:
-        u = torch.rand((B, k), generator=generator, device=target_probs.device)  # [B, k]
-        if rule == "standard":
-            q_x = draft_probs.gather(-1, x.unsqueeze(-1)).squeeze(-1)  # [B, k]
-            accepted = u * q_x < p_x  # u < p/q without dividing by q
-        elif rule == "onehot":
-            accepted = u < p_x
-        else:  # target_only, thresholded: a chain is a tree with one candidate per level
-            accepted = _target_only_choice(p_x.unsqueeze(-1), u, threshold_single, threshold_acc) == 0
+    u = torch.rand((B, k), generator=generator, device=target_probs.device)  # [B, k]
+    if rule == "standard":
+        q_x = draft_probs.gather(-1, x.unsqueeze(-1)).squeeze(-1)  # [B, k]
+        accepted = u * q_x < p_x  # u < p/q without dividing by q
+    elif rule == "onehot":
+        accepted = u < p_x
+    else:  # target_only, thresholded: a chain is a tree with one candidate per level
+        accepted = _target_only_choice(p_x.unsqueeze(-1), u, threshold_single, threshold_acc) == 0
     accepted &= valid
     num_accepted = accepted.long().cumprod(-1).sum(-1)  # [B] length of the accepted prefix
 
     p_last = target_probs[rows, num_accepted]  # [B, V] p where the round ends
-    if rule == "greedy":
-        last = p_last.argmax(-1)
-    else:
-        # A rejection happened where the round ends before k on a real draft; otherwise the
-        # last token is the bonus, drawn from p itself.
-        at = num_accepted.clamp(max=k - 1)
-        rejected = (num_accepted < k) & valid[rows, at]  # [B]
-        if rule == "standard":
-            residual = (p_last - draft_probs[rows, at]).clamp(min=0)
-        else:  # the draft is a point mass (onehot) or tried-and-refused candidate: zero it
-            residual = p_last.scatter(-1, x[rows, at].unsqueeze(-1), 0.0)
-        # p == q exactly leaves no residual mass; rejection then has probability 0, but keep
-        # the draw well defined.
-        empty = residual.sum(-1, keepdim=True) <= 0
-        residual = torch.where(rejected.unsqueeze(-1) & ~empty, residual, p_last)
-        last = sample(residual, generator)
+    # A rejection happened where the round ends before k on a real draft; otherwise the
+    # last token is the bonus, drawn from p itself.
+    at = num_accepted.clamp(max=k - 1)
+    rejected = (num_accepted < k) & valid[rows, at]  # [B]
+    if rule == "standard":
+        residual = (p_last - draft_probs[rows, at]).clamp(min=0)
+    else:  # the draft is a point mass (onehot) or tried-and-refused candidate: zero it
+        residual = p_last.scatter(-1, x[rows, at].unsqueeze(-1), 0.0)
+    # p == q exactly leaves no residual mass; rejection then has probability 0, but keep
+    # the draw well defined.
+    empty = residual.sum(-1, keepdim=True) <= 0
+    residual = torch.where(rejected.unsqueeze(-1) & ~empty, residual, p_last)
+    last = sample(residual, generator)
 
-    positions = torch.arange(k + 1, device=target_probs.device)  # [k+1]
     tokens = torch.cat([draft_tokens, draft_tokens.new_full((B, 1), -1)], dim=1)
     tokens = torch.where(positions < num_accepted.unsqueeze(-1), tokens, -1)
     tokens[rows, num_accepted] = last

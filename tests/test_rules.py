@@ -40,6 +40,27 @@ def test_greedy_accepts_prefix_and_emits_argmax():
     assert res.tokens.tolist() == [[1, 2, 3, 4], [1, 0, -1, -1]]
 
 
+def test_greedy_matches_its_definition_on_random_ragged_drafts():
+    """Seed 4, 300 requests, k = 4, 6 tokens (near-ties likely, so drafts often match): accept
+    the drafts while each equals the argmax (a -1, no draft, never does, even where the argmax
+    is token 0), then emit the argmax where the round ends; -1 after it."""
+    g = torch.Generator().manual_seed(4)
+    B, k, V = 300, 4, 6
+    p = torch.softmax(torch.randn(B, k + 1, V, generator=g), -1)
+    drafts = torch.randint(0, 3, (B, k), generator=g)  # tokens 0..2: argmaxes often
+    for b, n in enumerate(torch.randint(0, k + 1, (B,), generator=g).tolist()):
+        drafts[b, n:] = -1
+    res = verify_chain("greedy", p, drafts)
+    best = p.argmax(-1)
+    for b in range(B):
+        a = 0
+        while a < k and int(drafts[b, a]) == int(best[b, a]):
+            a += 1
+        assert int(res.num_accepted[b]) == a
+        assert res.tokens[b].tolist() == drafts[b, :a].tolist() + [int(best[b, a])] + [-1] * (k - a)
+    assert 0 < res.num_accepted.float().mean() < k  # both acceptances and rejections were met
+
+
 def test_point_mass_target_accepts_or_rejects_surely():
     p = torch.tensor([[[0.0, 1.0, 0.0], [0.0, 0.0, 1.0]]])
     for rule in ("onehot", "target_only", "thresholded"):
