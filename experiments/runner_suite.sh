@@ -11,7 +11,9 @@
 #   eagle3_b8  eagle3 at batch 8, T = 0.7 alone (a re-run)
 #   trees      eagle3 and draft_model (TREE_DRAFTERS) drafting +tree=sglang_5_4_8 (k = 5, topk 4,
 #              8 nodes verified) at batch 1, 8 and 48, temperature 0 (TREE_TEMPS)
-# TEMPS (default 0,0.7) and DRAFTERS (default all five) narrow `real`.
+# TEMPS (default 0,0.7) and DRAFTERS (default all five) narrow `real`; SYN_RATES (default
+# "0.6 0.7 0.8 0.9") `synthetic`; SAMPLING_BATCHES (default "1 8 48") `sampling`: a re-run of
+# what a device call's limit cut.
 # Sizes: SYN_PROMPTS x SYN_TOKENS (default 4 x 96) for the control; TOKENS new tokens (48) for
 # real weights, with 16 prompts at batch 1 and 8 and 48 at batch 48 (every row busy).
 # ENGINE_ARGS (default: engine=native engine.compile=true) picks the target's engine.
@@ -53,7 +55,7 @@ trap stop TERM INT
 "$py" -m specbench.datasets mt_bench humaneval > /dev/null || exit 2  # offline: experiments/carry_datasets.sh
 
 if [[ $parts == *" synthetic "* ]]; then
-  for a in 0.6 0.7 0.8 0.9; do
+  for a in ${SYN_RATES:-0.6 0.7 0.8 0.9}; do
     run -m +drafter=synthetic "drafter.acceptance_rates=[$a]" k=1,2,3,4,5,6,7,8 \
         dataset.num_prompts="${SYN_PROMPTS:-4}" max_new_tokens="${SYN_TOKENS:-96}"
   done
@@ -85,7 +87,7 @@ if [[ $parts == *" trees "* ]]; then
 fi
 if [[ $parts == *" sampling "* ]]; then
   for dataset in mt_bench humaneval; do
-    for b in 1 8 48; do
+    for b in ${SAMPLING_BATCHES:-1 8 48}; do
       for method in greedy probabilistic; do  # one job a process: peak memory starts clean
         run +drafter=draft_model drafter.draft_sample_method="$method" temperature=0.7 k=4 dataset="$dataset" \
             batch_size="$b" dataset.num_prompts="$([ "$b" = 48 ] && echo 48 || echo 16)" max_new_tokens="$tokens"
