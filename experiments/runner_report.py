@@ -33,11 +33,11 @@ def stalled(rows: pd.DataFrame) -> pd.Series:
     return step > STALL * twin
 
 
-def captured(rows: pd.DataFrame) -> pd.Series:
-    """Rows whose own timed decode captured a CUDA graph (a shape its warm-up did not meet):
-    that stall counts in their draft_ms / verify_ms means. Rows from before the runner counted
-    captures (no graph_captures column) are not flagged."""
-    return pd.to_numeric(rows.get("graph_captures", pd.Series(0, index=rows.index)), errors="coerce").fillna(0) > 0
+def captured(rows: pd.DataFrame, column: str = "graph_captures") -> pd.Series:
+    """Rows whose own timed decode (or, column baseline_graph_captures, their baseline's)
+    captured a CUDA graph (a shape its warm-up did not meet): that stall counts in their means.
+    Rows from before the runner counted captures (no such column) are not flagged."""
+    return pd.to_numeric(rows.get(column, pd.Series(0, index=rows.index)), errors="coerce").fillna(0) > 0
 
 
 def synthetic_table(rows: pd.DataFrame) -> pd.DataFrame:
@@ -100,7 +100,7 @@ def main(out: Path, bench: Path | None) -> int:
     rows = pd.read_csv(out / "rows.csv")
     rows = rows[rows.status == "ok"]
     rows["synthetic_rate"] = pd.to_numeric(rows.get("synthetic_rate"), errors="coerce")
-    rows["baseline_stalled"] = stalled(rows) | (pd.to_numeric(rows.get("baseline_graph_captures"), errors="coerce") > 0)
+    rows["baseline_stalled"] = stalled(rows) | captured(rows, "baseline_graph_captures")
     text = [f"# Issue 6 runs: {rows.device.iloc[0]}, torch {rows.torch_version.iloc[0]}, "
             f"transformers {rows.transformers_version.iloc[0]}, git {rows.git_sha.iloc[0]}, "
             f"{rows.timestamp.min()} .. {rows.timestamp.max()}\n"]

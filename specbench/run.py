@@ -256,13 +256,12 @@ def run(cfg: DictConfig, row: dict) -> tuple[list, list]:
         engine = build_engine(cfg, model, inputs, (), speculative=False)
         warm_up(engine, inputs, prompts, kw, None)
         _reset_peak_memory(engine.device)
-        with timed_region() as base_counted:
+        with timed_region() as counted:  # a speculative run counts its own decode below
             base_records, _, base_clock = decode_all(engine, inputs, prompts, **kw, spec=None, desc="baseline")
-        counted = base_counted
         if baseline is None:
             base_summary = summarize(base_records, SpecStats(0), wall_s=0.0, clock=base_clock)
             baseline = {"tokens": [r.tokens for r in base_records], "device": device, "git_sha": row["git_sha"],
-                        "run_id": row["run_id"], "graph_captures": base_counted["graph_captures"],
+                        "run_id": row["run_id"], "graph_captures": counted["graph_captures"],
                         **{key: base_summary[key] for key in ("tpot_ms", "throughput_tok_s", "verify_ms")}}
             atomic_write(base_file, json.dumps(baseline) + "\n")
         if spec is None:  # the baseline run is this computation: report it, do not decode twice

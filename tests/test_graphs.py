@@ -390,8 +390,7 @@ def test_a_draft_model_captures_every_sync_width_at_its_first_round(tree, target
                 state = DraftState(tokens=[histories[i] for i in order], k=k, topk=2, num_draft_tokens=6,
                                    request_ids=order)
                 proposals.append(got := chain.propose_tree(state))
-                grow(histories, got, order, {i: min(a, int(got.num_tokens[b])) - 1 for b, (i, a) in
-                                             enumerate(accepted.items())})
+                grow(histories, got, order, {i: min(accepted[i], int(got.num_tokens[b])) - 1 for b, i in enumerate(order)})
             else:
                 state = DraftState(tokens=[histories[i] for i in order], k=k, request_ids=order)
                 proposals.append(got := chain.propose(state, "greedy", SamplingParams(0.0, 0, 1.0), None))
