@@ -4,7 +4,8 @@
 
 Reads OUT/rows.csv; writes OUT/report.md (every table) and OUT/cost_model.png, and prints
 the tables. The synthetic control (c) is compared with (1 - a^(k+1)) / ((1 - a)(k c + 1)),
-c = draft_ms / (k * baseline step) measured in the same run, and with the cost model of
+c = draft_ms / (k * baseline step) measured in the same run; with the same formula at the run's
+own tokens per round (what its acceptance coins gave); and with the cost model of
 specbench.analysis (r = t_verify(k+1) / t_step measured too).
 """
 
@@ -51,12 +52,15 @@ def synthetic_table(rows: pd.DataFrame) -> pd.DataFrame:
         measured=figures.measured_speedup(runs),
     )
     runs["measured/formula"] = runs.measured / runs.formula
+    # The same with the tokens per round the coins gave in place of their expectation: of the gap
+    # above, what is cost (this ratio) and what the sample's acceptance (the two ratios' quotient).
+    runs["measured/formula(tau)"] = runs.measured / analysis.predicted_speedup(runs.tokens_per_round, k, runs.c_measured)
     # The per-round split's means over the median TPOT's round (batch 1: no other request's
     # prefill in either): about 1, unless a stall (a capture) inflated the means of one request.
     runs["split/tpot"] = (runs.draft_ms + runs.verify_ms + runs.other_ms) / (runs.tpot_ms * runs.tokens_per_round)
     runs["measured/cost_model"] = runs.measured / runs.predicted_speedup
     cols = ["a", "k", "graph_captures", "split/tpot", "tokens_per_round", "c_measured", "r_measured", "measured", "formula", "measured/formula",
-            "predicted_speedup", "measured/cost_model"]
+            "measured/formula(tau)", "predicted_speedup", "measured/cost_model"]
     return runs[[c for c in cols if c in runs.columns]].sort_values(["a", "k"]).reset_index(drop=True)
 
 

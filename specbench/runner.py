@@ -234,8 +234,9 @@ def decode_requests(
         t_forward = time.perf_counter()
         out = engine.forward(tokens, *tree_inputs)
         logits, step_features = out if engine.feature_layers else (out, None)
-        index = torch.tensor(rows, device=logits.device)
-        probs = probs_from_logits(logits[index], params)  # [A, q, V]
+        if len(rows) < engine.rows:  # idle rows: the live ones' logits (a copy of the index to the device)
+            logits = logits[torch.tensor(rows, device=logits.device)]
+        probs = probs_from_logits(logits, params)  # [A, q, V]
         _synchronize(device)
         t_rule = time.perf_counter()
 
@@ -250,7 +251,7 @@ def decode_requests(
             )
             rounds = [_verify_tree(tree, result) for tree, result in zip(live_trees, results)]
         elif hasattr(spec.drafter, "forced_acceptance"):
-            rounds = _forced(spec.drafter, probs, tokens[rows], num, params, generator)
+            rounds = _forced(spec.drafter, probs, inputs[rows], num, params, generator)
         else:
             rounds = _verify_chain(spec, rule, probs, proposal, num, generator)
         keep = [[] for _ in range(engine.rows)]
@@ -305,12 +306,16 @@ def _verify_tree(tree, result) -> Round:
 
 def _forced(drafter, probs, step, num, params, generator) -> list[Round]:
     """The synthetic control: the drafter dictates each accepted prefix; the target's p at the
-    stopping position gives the last token (its text is not the target's)."""
-    accepted = [drafter.forced_acceptance(m) for m in num]
-    rows = torch.arange(len(num), device=probs.device)
-    last = _next_token(probs[rows, torch.tensor(accepted, device=probs.device)], params, generator).tolist()
-    return [Round(step[j, 1 : a + 1].tolist() + [t], m, a, min(a + 1, m), list(range(a + 1)))
-            for j, (a, m, t) in enumerate(zip(accepted, num, last))]
+    stopping position gives the last token (its text is not the target's). probs [A, q, V],
+    step: the verify inputs [A, q] (numpy)."""
+    accepted = drafter.forced_acceptance(num)
+    if params.greedy:  # every position's argmax in one copy; each request's is picked on the host
+        last = [row[a] for row, a in zip(probs.argmax(-1).tolist(), accepted)]
+    else:
+        rows = torch.arange(len(num), device=probs.device)
+        last = sample(probs[rows, torch.tensor(accepted, device=probs.device)], generator).tolist()
+    return [Round(inputs[1 : a + 1] + [t], m, a, min(a + 1, m), list(range(a + 1)))
+            for inputs, a, m, t in zip(step.tolist(), accepted, num, last)]
 
 
 def decode(engine, prompt: torch.Tensor, *, prompt_id: str = "", **kwargs) -> RequestRecord:

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
@@ -265,6 +264,4 @@ def test_the_drafter_draws_from_a_stream_of_its_own():
     for name in ("layerskip", "eagle3"):
         drafter = run_module.build_drafter(cfg_of(f"+drafter={name}").drafter, params, 7)
         assert drafter.seed == 7 ^ run_module.DRAFTER_SEED != 7
-    coins = run_module.build_drafter(cfg_of("+drafter=synthetic").drafter, params, 7).coins  # the synthetic control's
-    runner = torch.rand(16, generator=torch.Generator().manual_seed(7))
-    assert not torch.equal(torch.rand(16, generator=coins), runner)
+    assert run_module.build_drafter(cfg_of("+drafter=synthetic").drafter, params, 7).seed == 7 ^ run_module.DRAFTER_SEED

@@ -3,6 +3,7 @@ the baseline for every drafter and tree shape, batches of requests, KV accountin
 
 import copy
 
+import numpy as np
 import pytest
 import torch
 from transformers import LlamaForCausalLM
@@ -369,6 +370,22 @@ def test_synthetic_control_gives_the_prescribed_tokens_per_round(target):
     accepted = [a for r in records for a in r.accepted]
     # position 1 is accepted in a fraction a of the rounds
     assert abs(sum(a >= 1 for a in accepted) / len(accepted) - 0.6) < 0.1
+
+
+def test_synthetic_coins_stop_each_prefix_at_its_first_failure():
+    """forced_acceptance over a batch: certain rates give every draft or none; a request never
+    accepts more than it drafted. Per-position rates 0.9 then 0.5, 20000 requests of 3 drafts,
+    seed 0: the three conditional shares' sd are 0.002, 0.004 and 0.005, so the tolerance 0.03
+    is over 5 sd; a rule off by 0.1 at any position fails it."""
+    num = [0, 1, 3, 2, 3]
+    assert SyntheticDrafter([1.0], 1, GREEDY).forced_acceptance(num) == num
+    assert SyntheticDrafter([0.0], 1, GREEDY).forced_acceptance(num) == [0] * 5
+    assert SyntheticDrafter([1.0], 1, GREEDY).forced_acceptance([]) == []
+    accepted = np.array(SyntheticDrafter([0.9, 0.5], 1, GREEDY, seed=0).forced_acceptance([3] * 20000))
+    assert accepted.min() >= 0 and accepted.max() <= 3
+    assert abs((accepted >= 1).mean() - 0.9) < 0.03
+    assert abs((accepted >= 2).sum() / (accepted >= 1).sum() - 0.5) < 0.03
+    assert abs((accepted >= 3).sum() / (accepted >= 2).sum() - 0.5) < 0.03  # the last rate repeats
 
 
 def test_kv_slots_under_both_policies_by_hand():

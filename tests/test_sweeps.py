@@ -197,3 +197,27 @@ def test_runner_suite_reruns_the_control_rates_and_sampling_batches_it_is_given(
         ("mt_bench", "greedy"), ("mt_bench", "probabilistic"), ("humaneval", "greedy"), ("humaneval", "probabilistic")]
     assert all("batch_size=48 " in s for s in sweeps[1:])
 
+
+
+def test_round_profile_cuts_every_round_where_the_runner_clocks_it(tiny_checkpoint, tmp_path):
+    """experiments/round_profile.py on the synthetic control (CPU: host operations, no kernels):
+    both measured decodes are profiled, each round cut into its three phases, as many rounds as
+    the job's row counts; and the control's rule and bookkeeping dispatch no more host
+    operations a round than the baseline's own sampling and bookkeeping."""
+    import json
+
+    script = Path(__file__).resolve().parents[1] / "experiments" / "round_profile.py"
+    done = subprocess.run(
+        [sys.executable, str(script), str(tmp_path), "+drafter=synthetic", "drafter.acceptance_rates=[0.7]", "k=3",
+         f"target.path={tiny_checkpoint}", "target.name=tiny", "dataset.num_prompts=2", "max_new_tokens=16"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    decodes = json.loads((tmp_path / "round_profile.json").read_text())["decodes"]
+    row = load_results(tmp_path / "results").iloc[0]
+    assert decodes["speculative"]["rounds"] == row.rounds and decodes["baseline"]["rounds"] == 2 * 15
+    for decode in decodes.values():
+        assert set(decode["phases"]) == {"draft", "verify", "other"}
+        assert decode["phases"]["verify"]["ops"] > 0 and decode["phases"]["verify"]["wall_ms"] > 0
+    assert decodes["speculative"]["phases"]["other"]["ops"] <= decodes["baseline"]["phases"]["other"]["ops"]
+    assert (tmp_path / "speculative.trace.json").exists() and "speculative  other" in done.stdout

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-import torch
+import numpy as np
 
 from specbench.config import ConfigError, SyntheticConfig
 from specbench.drafters.base import DraftProposal, DraftState
@@ -36,7 +36,8 @@ class SyntheticDrafter(ChainsAndTrees):
             raise ConfigError("drafter.acceptance_rates", acceptance_rates, "need one or more rates in [0, 1]")
         self.rates, self.draft_layers, self.params = rates, draft_layers, params
         self.method, self.generator = "greedy", None  # the drafts' text does not matter: acceptance is dictated
-        self.coins = torch.Generator().manual_seed(seed)
+        self.seed = seed
+        self.coins = np.random.default_rng(seed)  # acceptance: a stream of its own, drawn on the host
         self.steppers: Optional[Steppers] = None  # request id -> LMStepper (if the native chain cannot run)
         self.chain: Optional[NativeChain] = None  # batched chains
 
@@ -60,10 +61,12 @@ class SyntheticDrafter(ChainsAndTrees):
             raise ConfigError("tree.topk", state.topk, "the synthetic control drafts chains only (topk=1)")
         return super().propose(state)
 
-    def forced_acceptance(self, num_drafted: int) -> int:
-        """The accepted prefix length for a round of num_drafted drafts."""
-        coins = torch.rand(num_drafted, generator=self.coins).tolist()
-        accepted = 0
-        while accepted < num_drafted and coins[accepted] < self.rate(accepted):
-            accepted += 1
-        return accepted
+    def forced_acceptance(self, num_drafted: list) -> list:
+        """The accepted prefix length of each request's round of num_drafted[j] drafts: position
+        i passes its coin with probability rate(i), and the prefix stops at the first that fails."""
+        width = max(num_drafted, default=0)
+        coins = self.coins.random((len(num_drafted), width))  # [A, width], one draw for the batch
+        passed = coins < np.array([self.rate(i) for i in range(width)])
+        passed &= np.arange(width) < np.array(num_drafted)[:, None]  # past a request's drafts: a stop
+        stopped = np.concatenate([~passed, np.ones((len(num_drafted), 1), dtype=bool)], axis=1)
+        return stopped.argmax(1).tolist()  # the first stop: the accepted count
