@@ -1,15 +1,16 @@
-"""Where a batch-1 decode step of the Llama-3.1-8B shape spends its time (issue 6, a).
+"""Where a batch-1 decode step of the Llama-3.1-8B shape spends its time (issue 6, a; with
+--shape smollm2 the default model's, whose verify forwards the synthetic control times: c).
 
   gemv      each projection shape alone, F.linear (cuBLAS) against the Triton kernel of
             specbench.kernels.gemv, at 1, 9 and 16 rows, and at 1 and 9 rows with the norm,
             activation or residual folded in against the same in torch: GB/s against the copy bandwidth.
             Weights rotate over copies larger than L2, so nothing is served from cache.
   variants  the engine's decode step (prefill 512, CUDA graphs; --q 9: a verify forward of 9
-            positions) per variant: ms, graph replay
+            positions; --q 1,2,3: each in turn) per variant: ms, graph replay
             alone, and the profiler's kernel table of the replay (summed kernel time against
             wall time: the difference is launch gaps and tails).
 
-    python experiments/decode_profile.py OUT [--variants eager,layer,...] [--q 9] [--no-gemv] [--tiny]
+    python experiments/decode_profile.py OUT [--variants eager,layer,...] [--q 1,2,9] [--shape smollm2] [--no-gemv] [--tiny]
 
 Writes OUT/decode_profile.json after each measurement and prints tables.
 """
@@ -28,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).parent))
-from engine_bench import LLAMA_8B, TINY, build_hf, copy_bandwidth, median_ms, over_copies, projections  # noqa: E402
+from engine_bench import SHAPES, TINY, build_hf, copy_bandwidth, median_ms, over_copies, projections  # noqa: E402
 
 from specbench import provenance  # noqa: E402
 from specbench.engines.native import NativeEngine, Transformer  # noqa: E402
@@ -155,14 +156,16 @@ def main(argv=None) -> int:
     ap.add_argument("--variants", default="eager,eager_kernels,layer,layer_kernels,layer_cdt")
     ap.add_argument("--no-gemv", action="store_true")
     ap.add_argument("--tiny", action="store_true")
-    ap.add_argument("--q", type=int, default=1, help="positions per forward: 1 decodes, more verify a chain")
+    ap.add_argument("--q", default="1", help="positions per forward, comma-separated: 1 decodes, more verify a chain")
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="llama8b")
     args = ap.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    shape = TINY if args.tiny else LLAMA_8B
+    shape = TINY if args.tiny else SHAPES[args.shape]
+    qs = [int(q) for q in args.q.split(",")]
     ctx, steps = (32, 3) if args.tiny else (512, 50)
     results = {"device": provenance.device_name(device), "torch": torch.__version__,
-               "git_sha": provenance.git_sha(), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "ctx": ctx, "q": args.q}
+               "git_sha": provenance.git_sha(), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "ctx": ctx, "q": qs, "shape": "tiny" if args.tiny else args.shape}
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
 
@@ -180,23 +183,24 @@ def main(argv=None) -> int:
     del model
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    for name in args.variants.split(","):
+    runs = [(name, q, name if len(qs) == 1 else f"{name} q={q}") for name in args.variants.split(",") for q in qs]
+    for name, q, key in runs:
         t = time.perf_counter()
         try:
-            results[name] = variant(native, name, ctx, device, steps, args.q)
+            results[key] = variant(native, name, ctx, device, steps, q)
         except Exception as e:
             traceback.print_exc()
-            results[name] = {"error": f"{type(e).__name__}: {e}".splitlines()[0]}
-        r = results[name]
-        print(f"[{time.perf_counter() - t:6.1f} s] {name}: " + json.dumps({k: v for k, v in r.items() if k != "top"}), flush=True)
+            results[key] = {"error": f"{type(e).__name__}: {e}".splitlines()[0]}
+        r = results[key]
+        print(f"[{time.perf_counter() - t:6.1f} s] {key}: " + json.dumps({k: v for k, v in r.items() if k != "top"}), flush=True)
         for k in r.get("top", [])[:12]:
             print(f"      {k['us_per_step']:8.1f} us  x{k['count_per_step']:5.0f}  {k['name']}")
         save()
     print(f"\nfloor {results['floor_ms']:.2f} ms  copy {results['copy_bandwidth'] / 1e12:.2f} TB/s")
-    for name in args.variants.split(","):
-        r = results[name]
+    for _, _, key in runs:
+        r = results[key]
         if "ms" in r:
-            print(f"{name:16s} {r['ms']:6.2f} ms  x{r['ms'] / results['floor_ms']:.2f} floor  "
+            print(f"{key:16s} {r['ms']:6.2f} ms  x{r['ms'] / results['floor_ms']:.2f} floor  "
                   f"replay {r.get('replay_ms', float('nan')):.2f}  kernels {r.get('kernel_us_per_step', 0) / 1e3:.2f} ms "
                   f"launches {r.get('launches_per_step', 0):.0f}  logit diff {r['max_abs_logit_diff']:.3g}")
     return 0
