@@ -121,3 +121,20 @@ def test_matches_reference_on_random_histories():
         max_n = min_n + int(torch.randint(0, 4, (), generator=g))
         k = int(torch.randint(1, 6, (), generator=g))
         assert propose(tokens, min_n, max_n, k) == reference(tokens, min_n, max_n, k), (tokens, min_n, max_n, k)
+
+
+def test_batched_ragged_histories_match_the_reference():
+    """ngram_propose_batch over right-padded rows of different lengths (the padding holds real
+    symbols, which must never be matched) gives each row's reference draft."""
+    g = torch.Generator().manual_seed(1)
+    for _ in range(100):
+        B = int(torch.randint(1, 7, (), generator=g))
+        lengths = torch.randint(0, 30, (B,), generator=g)
+        tokens = torch.randint(0, 3, (B, max(int(lengths.max()), 1)), generator=g)  # padding: symbols too
+        min_n = int(torch.randint(1, 3, (), generator=g))
+        max_n = min_n + int(torch.randint(0, 4, (), generator=g))
+        k = int(torch.randint(1, 5, (), generator=g))
+        drafts, num = ngram_propose_batch(tokens, lengths, min_n, max_n, k)
+        for b in range(B):
+            expected = reference(tokens[b, : lengths[b]].tolist(), min_n, max_n, k)
+            assert drafts[b, : num[b]].tolist() == expected and (drafts[b, num[b]:] == -1).all()

@@ -33,7 +33,8 @@ def ngram_propose_batch(
     gets run[e], the length of the common suffix of t[..e] and t[..T-1], capped at max_n. A
     match of length n ending at e exists exactly when run[e] >= n, so the longest n is max(run)
     and, among ends reaching it, the rightmost e is the rightmost start e - n + 1. Both are
-    picked by one max over the packed key run * (T + 1) + e.
+    picked by one max over the packed key run * (T + 1) + e. Only the C ends whose token is the
+    row's last token can have run >= 1, so only those are extended ([C, n], not [B, E, n]).
     """
     assert tokens.dim() == 2 and lengths.shape == (tokens.shape[0],), (tokens.shape, lengths.shape)
     B, T = tokens.shape
@@ -45,19 +46,19 @@ def ngram_propose_batch(
 
     lengths = lengths.to(device=device, dtype=torch.int64)
     ends = torch.arange(T - 1, device=device)  # [E] e <= T-2 leaves a token after the match
+    last = tokens.gather(1, (lengths - 1).clamp(min=0)[:, None])  # [B, 1] t[L - 1]
+    # e <= L - 2 keeps a token after the match inside the row (and the row's padding unread)
+    rows, cand = ((tokens[:, :-1] == last) & (ends[None, :] <= lengths[:, None] - 2)).nonzero(as_tuple=True)  # [C]
     back = torch.arange(max_n, device=device)  # [n] offset j back from the end
-    # History side: t[e - j]; suffix side: t[L - 1 - j]. Indices are clamped, then masked.
-    hist_idx = ends[:, None] - back[None, :]  # [E, n]
-    hist = tokens[:, hist_idx.clamp(min=0)]  # [B, E, n]
-    suf_idx = (lengths[:, None] - 1 - back[None, :]).clamp(min=0)  # [B, n]
-    suffix = tokens.gather(1, suf_idx)  # [B, n]
+    # History side: t[e - j]; suffix side: t[L - 1 - j]. Indices are clamped, then masked:
     # e - j >= 0 keeps the window inside the history; with e <= L-2 it also keeps the suffix
     # side inside the row (L - 1 - j > e - j >= 0), so run <= L - 1 on its own.
-    same = (hist == suffix[:, None, :]) & (hist_idx >= 0)  # [B, E, n]
-    run = same.long().cumprod(dim=2).sum(dim=2)  # [B, E] consecutive matches from j = 0
-    ok = (run >= min_n) & (ends[None, :] <= lengths[:, None] - 2)  # [B, E]
-    key = torch.where(ok, run * (T + 1) + ends[None, :], -1)  # [B, E]
-    best = key.max(dim=1).values  # [B]
+    hist_idx = cand[:, None] - back[None, :]  # [C, n]
+    suf_idx = (lengths[rows, None] - 1 - back[None, :]).clamp(min=0)  # [C, n]
+    same = (tokens[rows[:, None], hist_idx.clamp(min=0)] == tokens[rows[:, None], suf_idx]) & (hist_idx >= 0)
+    run = same.long().cumprod(dim=1).sum(dim=1)  # [C] consecutive matches from j = 0
+    key = torch.where(run >= min_n, run * (T + 1) + cand, -1)  # [C]
+    best = torch.full((B,), -1, dtype=torch.int64, device=device).scatter_reduce(0, rows, key, "amax")  # [B]
     found = best >= 0  # [B]
 
     start = best % (T + 1) + 1  # [B] first token after the match end
