@@ -86,6 +86,13 @@ class RMSNorm(nn.Module):
 # specbench.kernels.attention.decode.
 FUSED_FROM = 128
 
+# The cache's slots per row are a multiple of this. Attention over the torch composition spans
+# them all, masked, and its scores [.., S] are an operand of the product with V: with S odd,
+# cuBLAS on an H100 ran that product with unaligned (align1) CUTLASS kernels, 16.5 us a layer,
+# 36 % of a SmolLM2-135M decode step (results/2026-12-05-h100-round-profile). Eight bf16 slots
+# make a row 16 bytes, as aligned kernels need.
+SLOT_ALIGN = 8
+
 # The most inputs (rows x the longest prompt) one prefill forward takes: a bound on its
 # activations and attention mask, not on the prompts (a longer one runs alone).
 PREFILL_TOKENS = 16384
@@ -254,7 +261,10 @@ class NativeEngine:
         param = next(model.parameters())
         self.model, self.rows, self.feature_layers = model, rows, tuple(feature_layers)
         self.device, self.dtype, self.vocab_size = param.device, param.dtype, s.vocab_size
-        self.capacity = max_length + 1  # the last slot takes clamped writes past max_length
+        self.max_length = max_length
+        # Slots: room for max_length, plus a last slot for clamped writes past it, rounded up to a
+        # multiple of SLOT_ALIGN (see there).
+        self.capacity = -(-(max_length + 1) // SLOT_ALIGN) * SLOT_ALIGN
         shape = (s.layers, rows, s.kv_heads, self.capacity, s.head_dim)
         self.cache_k = torch.zeros(shape, dtype=self.dtype, device=self.device)  # [L, B, Hkv, S, hd]
         self.cache_v = torch.zeros(shape, dtype=self.dtype, device=self.device)
@@ -307,8 +317,8 @@ class NativeEngine:
         is a few forwards where one a request cost 48, and the requests that wait for them
         wait that much less (the runner admits every free row at once)."""
         for T in (p.shape[0] for p in prompts):
-            if T + 1 > self.capacity:
-                raise ValueError(f"a prompt of {T} tokens does not fit the engine's max_length {self.capacity - 1}")
+            if T > self.max_length:
+                raise ValueError(f"a prompt of {T} tokens does not fit the engine's max_length {self.max_length}")
         out, group, width = [None] * len(rows), [], 0
         for i in sorted(range(len(rows)), key=rows.__getitem__):
             T = prompts[i].shape[0]

@@ -236,7 +236,7 @@ def test_the_baseline_runs_on_an_engine_of_its_own(tiny_checkpoint, tmp_path):
 
     def recorded(*args, **kwargs):
         engine = build(*args, **kwargs)
-        built.append((engine.feature_layers, engine.capacity))
+        built.append((engine.feature_layers, engine.max_length))
         return engine
 
     def run(*overrides):

@@ -154,7 +154,7 @@ class NativeChain(RowCache):
 
     @property
     def max_length(self) -> int:
-        return self.engine.capacity - 1
+        return self.engine.max_length
 
     @property
     def cache_rows(self) -> int:
