@@ -30,7 +30,7 @@ from torch import nn
 
 from specbench import graphs  # graphs.capture looked up at call time (tests stand in for it)
 from specbench.kernels.attention import counters as attention_counters, decode as attention_kernel
-from specbench.kernels.attention import mask as attention_mask
+from specbench.kernels.attention import aligned_slots, mask as attention_mask
 from specbench.kernels.attention import places as attention_places, reference as attention_reference
 from specbench.kernels.attention import supported as attention_supported
 from specbench.kernels.gemv import project, rms_norm
@@ -85,13 +85,6 @@ class RMSNorm(nn.Module):
 # 32.5 ms). About the SM count. With engine.kernels on CUDA both give way to
 # specbench.kernels.attention.decode.
 FUSED_FROM = 128
-
-# The cache's slots per row are a multiple of this. Attention over the torch composition spans
-# them all, masked, and its scores [.., S] are an operand of the product with V: with S odd,
-# cuBLAS on an H100 ran that product with unaligned (align1) CUTLASS kernels, 16.5 us a layer,
-# 36 % of a SmolLM2-135M decode step (results/2026-12-05-h100-round-profile). Eight bf16 slots
-# make a row 16 bytes, as aligned kernels need.
-SLOT_ALIGN = 8
 
 # The most inputs (rows x the longest prompt) one prefill forward takes: a bound on its
 # activations and attention mask, not on the prompts (a longer one runs alone).
@@ -262,9 +255,8 @@ class NativeEngine:
         self.model, self.rows, self.feature_layers = model, rows, tuple(feature_layers)
         self.device, self.dtype, self.vocab_size = param.device, param.dtype, s.vocab_size
         self.max_length = max_length
-        # Slots: room for max_length, plus a last slot for clamped writes past it, rounded up to a
-        # multiple of SLOT_ALIGN (see there).
-        self.capacity = -(-(max_length + 1) // SLOT_ALIGN) * SLOT_ALIGN
+        # Slots: room for max_length and a last one for clamped writes past it, aligned (see aligned_slots)
+        self.capacity = aligned_slots(max_length + 1)
         shape = (s.layers, rows, s.kv_heads, self.capacity, s.head_dim)
         self.cache_k = torch.zeros(shape, dtype=self.dtype, device=self.device)  # [L, B, Hkv, S, hd]
         self.cache_v = torch.zeros(shape, dtype=self.dtype, device=self.device)

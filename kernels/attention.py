@@ -90,6 +90,20 @@ _SMS: dict = {}  # device index -> SM count
 # --- the torch composition (engines/native.py's block) ----------------------------------------
 
 
+# A KV cache's slots per row (S) are a multiple of this: engines/native.py's and specbench/heads.py's
+# caches. The torch composition attends over every slot, masked, and its scores [.., S] are an
+# operand of the product with V: with S odd, cuBLAS on an H100 ran that product with unaligned
+# (align1) CUTLASS kernels, 16.5 us a layer, 36 % of a SmolLM2-135M decode step's kernel time
+# (results/2026-12-05-h100-evening). Eight bf16 slots make a row of scores 16 bytes, as aligned
+# kernels need.
+SLOT_ALIGN = 8
+
+
+def aligned_slots(n: int) -> int:
+    """n slots rounded up to a multiple of SLOT_ALIGN: 641 -> 648."""
+    return -(-n // SLOT_ALIGN) * SLOT_ALIGN
+
+
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x: [B, q, heads, hd]; cos, sin: [B, q, 1, hd] (halves rotated, as in Llama)."""
     x1, x2 = x.chunk(2, -1)

@@ -72,6 +72,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specbench.config import ConfigError
+from specbench.kernels.attention import aligned_slots
 
 KINDS = ("eagle", "eagle3")
 DEFAULT_ROPE_THETA = 10000.0  # LlamaConfig's default: what a config without rope_theta runs at
@@ -203,6 +204,7 @@ class StaticHeadCache:
         self._shape(rows, config.num_key_value_heads, capacity, config.head_dim, device, dtype)
 
     def _shape(self, rows, kv_heads, capacity, head_dim, device, dtype) -> None:
+        capacity = aligned_slots(capacity)  # at least the slots asked for (see aligned_slots)
         shape = (rows, kv_heads, capacity, head_dim)
         # Zeros, not empty: masked slots are still multiplied by the queries (NaN would leak).
         self.keys = torch.zeros(shape, device=device, dtype=dtype)
@@ -223,7 +225,7 @@ class StaticHeadCache:
     def grown(self, rows: int, capacity: int) -> StaticHeadCache:
         """A larger cache (rows, capacity >= these) holding every row's entries and length."""
         R, S = self.rows, self.capacity
-        assert rows >= R and capacity >= S, (rows, capacity, R, S)
+        assert rows >= R and aligned_slots(capacity) >= S, (rows, capacity, R, S)
         new = StaticHeadCache.__new__(StaticHeadCache)
         new._shape(rows, self.keys.shape[1], capacity, self.keys.shape[3], self.keys.device, self.keys.dtype)
         new.keys[:R, :, :S] = self.keys

@@ -134,6 +134,26 @@ def test_prompt_longer_than_the_cache_is_refused(tiny_model):
     engine = make_engine("native", tiny_model, max_length=8)
     with pytest.raises(ValueError, match="max_length 8"):
         engine.prefill(0, torch.arange(9))
+    engine.prefill(0, torch.arange(8))  # exactly max_length fits
+
+
+def test_cache_slots_are_aligned_and_hold_max_length(tiny_model):
+    """A row's slots are a multiple of SLOT_ALIGN (aligned attention operands) with room for
+    max_length and the clamped-write slot; a head cache rounds likewise, and grows past it."""
+    from types import SimpleNamespace
+
+    from specbench.heads import StaticHeadCache
+    from specbench.kernels.attention import SLOT_ALIGN, aligned_slots
+
+    assert [aligned_slots(n) for n in (1, 8, 9, 641)] == [8, 8, 16, 648]
+    for max_length in (7, 8, 100, 640):
+        engine = NativeEngine(Transformer.from_hf(tiny_model), 1, max_length)
+        assert engine.max_length == max_length
+        assert engine.capacity % SLOT_ALIGN == 0 and max_length + 1 <= engine.capacity < max_length + 1 + SLOT_ALIGN
+        assert engine.cache_k.shape[3] == engine.capacity == engine.rope_table.shape[0]
+    cache = StaticHeadCache(SimpleNamespace(num_key_value_heads=1, head_dim=8), 2, 10, "cpu", torch.float32)
+    assert cache.capacity == 16 and cache.grown(3, cache.capacity).capacity == 16
+    assert cache.grown(3, 17).capacity == 24
 
 
 PROMPTS = [torch.tensor(p) for p in ([0, 5, 17, 42, 7, 9, 5, 17], [0, 88, 3, 3, 60], [0, 12, 13, 12, 13, 12],
