@@ -30,12 +30,12 @@ import traceback
 from pathlib import Path
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from engine_bench import SMOLLM2_135M, build_hf  # noqa: E402
 
 from specbench import provenance  # noqa: E402
+from specbench.graphs import HostOps  # noqa: E402
 from specbench.drafters.base import DraftState  # noqa: E402
 from specbench.drafters.eagle_chain import EagleChain  # noqa: E402
 from specbench.drafters.native_chain import NativeChain  # noqa: E402
@@ -142,7 +142,7 @@ def per_round_ms(name, make, vocab, mode, B, k, ctx, rounds, blocks, feature_wid
     ops = {}
     for graphs in (True, False):  # one more round each, counted, not timed
         chain, requests, generator = variants[graphs]
-        with OpCount() as count:
+        with HostOps() as count:
             propose(chain, requests, mode, k, generator)
         ops[graphs] = count.n
     del variants, chain  # their graphs and caches, before the next row's
@@ -153,18 +153,6 @@ def per_round_ms(name, make, vocab, mode, B, k, ctx, rounds, blocks, feature_wid
     return dict(drafter=name, mode=mode, B=B, k=TREE[0] if mode == "tree" else k, graphs_ms=graphs_ms,
                 eager_ms=eager_ms, eager_over_graphs=eager_ms / graphs_ms, rounds=len(timings[True]),
                 same_drafts=same, graphs_ops=ops[True], eager_ops=ops[False])
-
-
-class OpCount(TorchDispatchMode):
-    """The aten operations the host dispatches (a graph's replay dispatches none of its own)."""
-
-    def __init__(self):
-        super().__init__()
-        self.n = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.n += 1
-        return func(*args, **(kwargs or {}))
 
 
 def main(argv=None) -> int:

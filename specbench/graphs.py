@@ -22,6 +22,7 @@ import gc
 from typing import Callable, Hashable
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 _captures = 0  # graphs captured by this process (through `capture`)
 
@@ -30,6 +31,22 @@ def captures() -> int:
     """Graphs this process has captured so far: a runner reads it around a timed region, where
     a capture (a shape met for the first time) is a stall that no round of steady decoding has."""
     return _captures
+
+
+class HostOps(TorchDispatchMode):
+    """Counts the aten operations the host dispatches inside it (a graph's replay dispatches
+    none of its own): a device-independent measure of a round's host work."""
+
+    def __init__(self):
+        super().__init__()
+        self.n = 0
+
+    def counts(self, func) -> bool:
+        return True
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.n += self.counts(func)
+        return func(*args, **(kwargs or {}))
 
 
 def supported(device: torch.device) -> bool:

@@ -30,6 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+import numpy as np
 import torch
 
 from specbench.config import IMPLS
@@ -203,12 +204,12 @@ def verify_trees(
     if impl == "triton":
         return _verify_trees_kernel(rule, target_probs, node_tokens, trees, generator, threshold_single, threshold_acc)
     device = target_probs.device
-    D = max(int(t.depth.max()) for t in trees)
+    D = max(t.host.levels for t in trees)
     Z = max(1, max(t.child_table.shape[1] for t in trees))
-    table = torch.full((A, max(sizes), Z), -1, dtype=torch.int64)  # [A, N, Z] children in try order
-    for a, t in enumerate(trees):
-        table[a, : sizes[a], : t.child_table.shape[1]] = t.child_table
-    table = table.to(device)
+    table = np.full((A, max(sizes), Z), -1, dtype=np.int64)  # [A, N, Z] children in try order
+    for a, t in enumerate(trees):  # numpy: no torch dispatch per tree
+        table[a, : sizes[a], : t.child_table.shape[1]] = t.host.child_table
+    table = torch.from_numpy(table).to(device)
     rows = torch.arange(A, device=device)
     node = torch.zeros(A, dtype=torch.int64, device=device)  # [A] each walk's current node
     going = torch.ones(A, dtype=torch.bool, device=device)

@@ -74,11 +74,10 @@ class _Request:
     drafted: list = field(default_factory=list)
     accepted: list = field(default_factory=list)
     features: Optional[torch.Tensor] = None  # [room, D]: features[t], the target's state after token t (its row's)
+    written: np.ndarray = field(init=False, repr=False)  # history as numpy, the same memory
 
-    @property
-    def written(self):
-        """history as numpy, the same memory: written without a torch dispatch per request."""
-        return self.history.numpy()
+    def __post_init__(self):
+        self.written = self.history.numpy()  # made once: writing through it dispatches nothing
 
 
 class _Batch:
@@ -227,8 +226,8 @@ def decode_requests(
             parents = proposal.parents.cpu().numpy()  # [A, M]
             for j, (row, m) in enumerate(zip(rows, num)):
                 trees[row] = tree = compiled(tuple(parents[j, :m].tolist()))
-                depth[row, : m + 1] = tree.depth.numpy()
-                ancestors[row, : m + 1, : m + 1] = tree.mask.numpy()
+                depth[row, : m + 1] = tree.host.depth
+                ancestors[row, : m + 1, : m + 1] = tree.host.mask
             tree_inputs = (torch.from_numpy(depth), torch.from_numpy(ancestors))
         _synchronize(device)
         t_forward = time.perf_counter()

@@ -10,8 +10,17 @@ and parents[i] < i for every other node. Siblings keep their order: the order th
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
+import numpy as np
 import torch
+
+
+class TreeHost(NamedTuple):
+    depth: np.ndarray  # [N] int64
+    mask: np.ndarray  # [N, N] bool
+    child_table: np.ndarray  # [N, Z] int64
+    levels: int  # depth.max()
 
 
 @dataclass(frozen=True)
@@ -27,6 +36,8 @@ class TreeBuffers:
                   identity for one request, b * N + i when B requests are flattened
     child_table:  [N, Z] each node's children in try order, -1 after them (Z the most children
                   of one node): the batched walk's lookup
+    host:         depth, mask and child_table as numpy (the same memory) and the deepest level:
+                  what a batch of trees is assembled from, with no torch dispatch per tree
     """
 
     parents: torch.Tensor
@@ -36,6 +47,7 @@ class TreeBuffers:
     next_sibling: torch.Tensor
     index: torch.Tensor
     child_table: torch.Tensor
+    host: TreeHost
 
     def children(self, node: int) -> list[int]:
         """Children of a node in try order."""
@@ -70,10 +82,12 @@ def compile_tree(parents: torch.Tensor, offset: int = 0) -> TreeBuffers:
         children[p[i]].append(i)
     Z = max(map(len, children))
     table = [c + [-1] * (Z - len(c)) for c in children]
-    as_tensor = lambda x, dtype=torch.int64: torch.tensor(x, dtype=dtype)  # noqa: E731
-    return TreeBuffers(parents, as_tensor(depth), as_tensor(mask, torch.bool), as_tensor(next_token),
+    host = TreeHost(np.array(depth, dtype=np.int64), np.array(mask, dtype=bool),
+                    np.array(table, dtype=np.int64).reshape(N, Z), max(depth))
+    as_tensor = lambda x: torch.tensor(x, dtype=torch.int64)  # noqa: E731
+    return TreeBuffers(parents, torch.from_numpy(host.depth), torch.from_numpy(host.mask), as_tensor(next_token),
                        as_tensor(next_sibling), torch.arange(offset, offset + N, dtype=torch.int64),
-                       as_tensor(table).reshape(N, Z))
+                       torch.from_numpy(host.child_table), host)
 
 
 def chain_parents(m: int) -> torch.Tensor:

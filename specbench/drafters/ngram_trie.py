@@ -57,6 +57,7 @@ import heapq
 from collections import OrderedDict, deque
 from typing import Hashable, Optional, Sequence
 
+import numpy as np
 import torch
 
 from specbench.config import ConfigError, NgramTrieConfig
@@ -306,7 +307,7 @@ class NgramTrieDrafter:
         self.min_bfs_breadth = min_bfs_breadth
         self.max_bfs_breadth = max_bfs_breadth
         self.trie = NgramTrie(capacity, max_trie_depth)
-        self._inserted: dict[Hashable, torch.Tensor] = {}  # request id -> [T] history inserted so far
+        self._inserted: dict[Hashable, np.ndarray] = {}  # request id -> [T] history inserted so far
 
     @classmethod
     def from_config(cls, cfg: NgramTrieConfig) -> NgramTrieDrafter:
@@ -325,18 +326,18 @@ class NgramTrieDrafter:
         step = (self.max_bfs_breadth - self.min_bfs_breadth) * (self.max_match_window - depth)
         return max(1, self.min_bfs_breadth + step // span)  # floor division: exact, no float drift
 
-    def observe(self, request_id: Hashable, history: torch.Tensor) -> None:
-        """Insert the tokens of a request's history [T] that it has not inserted yet."""
-        history = history.to("cpu", torch.int64)
+    def observe(self, request_id: Hashable, history) -> None:
+        """Insert the tokens of a request's history [T] (tensor or numpy) that it has not inserted yet."""
+        history = _host(history)
         seen = self._inserted.get(request_id)
         old = 0
-        if seen is not None and seen.shape[0] <= history.shape[0] and torch.equal(history[: seen.shape[0]], seen):
+        if seen is not None and seen.shape[0] <= history.shape[0] and np.array_equal(history[: seen.shape[0]], seen):
             old = seen.shape[0]  # an extension: only the tail is new
         if old == history.shape[0]:
             return
         start = max(0, old - self.trie.max_depth + 1)  # the earliest n-gram ending at a new position
         self.trie.insert(history[start:].tolist(), first_new=old - start)
-        self._inserted[request_id] = history.clone()  # the caller may reuse its buffer
+        self._inserted[request_id] = history.copy()  # the caller may reuse its buffer
 
     def release(self, request_ids) -> None:
         """Forget what these finished requests inserted (unknown ids are ignored); their n-grams
@@ -380,14 +381,15 @@ class NgramTrieDrafter:
 
     def propose(self, state: DraftState) -> DraftProposal:
         B, M, ids = len(state.tokens), state.max_nodes, state.ids
-        for rid, tokens in zip(ids, state.tokens):  # everyone's new tokens first, then matching
-            self.observe(rid, tokens)
+        histories = [_host(tokens) for tokens in state.tokens]  # [T_b] each
+        for rid, history in zip(ids, histories):  # everyone's new tokens first, then matching
+            self.observe(rid, history)
         device = state.tokens[0].device if B else torch.device("cpu")
         flat_tokens = [-1] * (B * M)  # [B * M], filled row by row, one tensor per batch below
         flat_parents = [0] * (B * M)  # 0 in unused columns
         counts = [0] * B
-        for b, tokens in enumerate(state.tokens):
-            tail = tokens[-self.max_match_window :].tolist()  # [<= max_match_window] the windows
+        for b, history in enumerate(histories):
+            tail = history[-self.max_match_window :].tolist()  # [<= max_match_window] the windows
             toks, pars = self.draft(tail, state.k, M)
             m = len(toks)
             flat_tokens[b * M : b * M + m] = toks
@@ -399,6 +401,13 @@ class NgramTrieDrafter:
         return DraftProposal(
             tokens=drafts.to(device), num_tokens=num.to(device), probs=None, parents=parents.to(device)
         )
+
+
+def _host(tokens) -> np.ndarray:
+    """A history [T] (tensor or numpy) as int64 numpy: a CPU int64 tensor's own memory, no copy."""
+    if isinstance(tokens, torch.Tensor):
+        tokens = (tokens if tokens.device.type == "cpu" else tokens.cpu()).numpy()
+    return tokens.astype(np.int64, copy=False)
 
 
 def _level_order(drafted: list[tuple[int, int]]) -> tuple[list[int], list[int]]:
