@@ -221,6 +221,7 @@ def run(cfg: DictConfig, row: dict) -> tuple[list, list]:
     Raises ConfigError on bad input before any model work."""
     started = time.perf_counter()
     _release_memory()  # what an earlier job of the sweep left must not count in this one's peak
+    held = _allocated()  # what it could not free (compiled graphs' pools, caches) is subtracted from the peak
     validate(cfg)
     if cfg.engine.name in SERVING_ENGINES:  # vLLM / SGLang decode the prompts themselves
         from specbench.engines.serving import run_on_engine
@@ -291,7 +292,7 @@ def run(cfg: DictConfig, row: dict) -> tuple[list, list]:
         baseline_tpot_ms=baseline["tpot_ms"], baseline_throughput_tok_s=baseline.get("throughput_tok_s"),
         baseline_step_ms=baseline.get("verify_ms"), graph_captures=counted["graph_captures"],
         baseline_graph_captures=baseline.get("graph_captures"),
-        kv_bytes_per_token=getattr(engine, "kv_bytes_per_token", None), peak_memory_gb=_peak_memory_gb(engine.device),
+        kv_bytes_per_token=getattr(engine, "kv_bytes_per_token", None), peak_memory_gb=_peak_memory_gb(engine.device, held),
         status="ok",
     )
     if cfg.distcheck:
@@ -347,9 +348,17 @@ def _reset_peak_memory(device: torch.device) -> None:
         torch.cuda.reset_peak_memory_stats(device)
 
 
-def _peak_memory_gb(device: torch.device) -> Optional[float]:
-    """Peak GPU memory allocated during the measured decode (weights and caches included)."""
-    return torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else None
+def _allocated() -> int:
+    """Bytes the process has allocated on its CUDA device (0 without one)."""
+    return torch.cuda.memory_allocated() if torch.cuda.is_available() else 0
+
+
+def _peak_memory_gb(device: torch.device, held: int = 0) -> Optional[float]:
+    """Peak GPU memory allocated during the measured decode (weights and caches included), less
+    `held`: what the process held before the job began. In a sweep that is an earlier job's
+    leftovers, which peaked the same configuration 0.37 to 0.64 GB higher than a process of its
+    own did (results/2026-12-05-h100-evening)."""
+    return (torch.cuda.max_memory_allocated(device) - held) / 1e9 if device.type == "cuda" else None
 
 
 def _release_memory() -> None:

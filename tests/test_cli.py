@@ -265,3 +265,10 @@ def test_the_drafter_draws_from_a_stream_of_its_own():
         drafter = run_module.build_drafter(cfg_of(f"+drafter={name}").drafter, params, 7)
         assert drafter.seed == 7 ^ run_module.DRAFTER_SEED != 7
     assert run_module.build_drafter(cfg_of("+drafter=synthetic").drafter, params, 7).seed == 7 ^ run_module.DRAFTER_SEED
+
+
+def test_peak_memory_leaves_out_what_the_process_held_before_the_job(monkeypatch):
+    """A sweep's earlier jobs leave allocations behind; a row's peak is its own job's."""
+    monkeypatch.setattr(run_module.torch.cuda, "max_memory_allocated", lambda device=None: 5_500_000_000)
+    assert run_module._peak_memory_gb(run_module.torch.device("cuda"), held=2_000_000_000) == 3.5
+    assert run_module._peak_memory_gb(run_module.torch.device("cpu"), held=2_000_000_000) is None
