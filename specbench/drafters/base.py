@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Protocol
 
+import numpy as np
 import torch
 
 
@@ -69,3 +70,12 @@ class Drafter(Protocol):
     feature_layers: tuple = ()
 
     def propose(self, state: DraftState) -> DraftProposal: ...
+
+
+def host_array(tokens) -> np.ndarray:
+    """A history [T] (a tensor or numpy) as int64 numpy: the same memory when it is an int64 CPU
+    tensor, so that per-request bookkeeping runs in numpy, with no torch dispatch per token."""
+    if isinstance(tokens, torch.Tensor):
+        tokens = tokens.detach()
+        tokens = (tokens if tokens.device.type == "cpu" else tokens.cpu()).numpy()
+    return tokens.reshape(-1).astype(np.int64, copy=False)

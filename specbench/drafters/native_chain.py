@@ -52,7 +52,7 @@ from typing import Callable, Hashable, Iterable, Optional
 import numpy as np
 import torch
 
-from specbench.drafters.base import DraftProposal, DraftState
+from specbench.drafters.base import DraftProposal, DraftState, host_array
 from specbench.drafters.expand import expand_trees, tree_proposal
 from specbench.drafters.lm_stepper import shared_prefix
 from specbench.graphs import Graphed, supported as graphs_supported
@@ -319,10 +319,3 @@ class NativeChain(RowCache):
 
         # The row keeps its length at the history: the tree entries past it are overwritten next round.
         return tree_proposal(expand_trees(logits, state, feed), state.max_nodes)
-
-
-def host_array(tokens: torch.Tensor) -> np.ndarray:
-    """tokens [T] int64 -> the same as numpy, without a copy when they are on the CPU."""
-    tokens = tokens.detach()
-    return (tokens if tokens.device.type == "cpu" else tokens.cpu()).numpy().reshape(-1)
-

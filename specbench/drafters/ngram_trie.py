@@ -61,7 +61,7 @@ import numpy as np
 import torch
 
 from specbench.config import ConfigError, NgramTrieConfig
-from specbench.drafters.base import DraftProposal, DraftState
+from specbench.drafters.base import DraftProposal, DraftState, host_array
 
 
 class NgramTrie:
@@ -328,7 +328,7 @@ class NgramTrieDrafter:
 
     def observe(self, request_id: Hashable, history) -> None:
         """Insert the tokens of a request's history [T] (tensor or numpy) that it has not inserted yet."""
-        history = _host(history)
+        history = host_array(history)
         seen = self._inserted.get(request_id)
         old = 0
         if seen is not None and seen.shape[0] <= history.shape[0] and np.array_equal(history[: seen.shape[0]], seen):
@@ -381,7 +381,7 @@ class NgramTrieDrafter:
 
     def propose(self, state: DraftState) -> DraftProposal:
         B, M, ids = len(state.tokens), state.max_nodes, state.ids
-        histories = [_host(tokens) for tokens in state.tokens]  # [T_b] each
+        histories = [host_array(tokens) for tokens in state.tokens]  # [T_b] each
         for rid, history in zip(ids, histories):  # everyone's new tokens first, then matching
             self.observe(rid, history)
         device = state.tokens[0].device if B else torch.device("cpu")
@@ -401,13 +401,6 @@ class NgramTrieDrafter:
         return DraftProposal(
             tokens=drafts.to(device), num_tokens=num.to(device), probs=None, parents=parents.to(device)
         )
-
-
-def _host(tokens) -> np.ndarray:
-    """A history [T] (tensor or numpy) as int64 numpy: a CPU int64 tensor's own memory, no copy."""
-    if isinstance(tokens, torch.Tensor):
-        tokens = (tokens if tokens.device.type == "cpu" else tokens.cpu()).numpy()
-    return tokens.astype(np.int64, copy=False)
 
 
 def _level_order(drafted: list[tuple[int, int]]) -> tuple[list[int], list[int]]:
