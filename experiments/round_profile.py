@@ -18,7 +18,8 @@ t_rule and the round's end), and each phase gets, per round:
         dataset.num_prompts=2 max_new_tokens=64 target.path=/root/models/SmolLM2-135M-Instruct.Q4_1.gguf
 
 Writes OUT/round_profile.json (every number, with provenance), OUT/<decode>.trace.json (Chrome
-traces) and OUT/results/ (the job's row: its timings are the profiler's, not a measurement);
+traces) and OUT/results/ (the job's row: its timings are the profiler's, not a measurement; a
+baseline cached there by an earlier call is dropped, so that the baseline is profiled again);
 prints the table.
 """
 
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import shutil
 import sys
 import time
 from collections import Counter, defaultdict
@@ -157,9 +159,14 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     overrides = sys.argv[2:]
     register()
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        # A results folder of its own: the baseline is decoded here, under the profiler, not read from a cache.
-        cfg = compose("config", overrides=[*overrides, f"results_dir={out / 'results'}", "resume=false"])
+    try:
+        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+            cfg = compose("config", overrides=[*overrides, f"results_dir={out / 'results'}", "resume=false"])
+    except Exception as e:  # hydra's composition errors span lines; the first names the override
+        raise SystemExit(f"error: {str(e).splitlines()[0]}") from None
+    # A results folder of its own, its cached baselines dropped: the baseline is decoded again,
+    # under the profiler, not read from an earlier call's cache.
+    shutil.rmtree(out / "results" / "baselines", ignore_errors=True)
     found: dict = {}
     plain = run.decode_all
     runner.time, run.decode_all = MarkingClock(cut_lines()), profiled_decode_all(out, found)
