@@ -75,7 +75,6 @@ class Drafter(Protocol):
 def host_array(tokens) -> np.ndarray:
     """A history [T] (a tensor or numpy) as int64 numpy: the same memory when it is an int64 CPU
     tensor, so that per-request bookkeeping runs in numpy, with no torch dispatch per token."""
-    if isinstance(tokens, torch.Tensor):
-        tokens = tokens.detach()
+    if isinstance(tokens, torch.Tensor):  # token ids: integers, never part of a graph to detach from
         tokens = (tokens if tokens.device.type == "cpu" else tokens.cpu()).numpy()
     return tokens.reshape(-1).astype(np.int64, copy=False)
