@@ -39,9 +39,9 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from specbench import provenance, run, runner
+from specbench.__main__ import CONF
 from specbench.config import register
 
-CONF = Path(__file__).resolve().parent.parent / "conf"
 # The runner's clock reads that cut a round, by the statement that makes them.
 CUTS = {"t_draft = time.perf_counter()": "draft", "t_forward = time.perf_counter()": "forward",
         "t_rule = time.perf_counter()": "rule", "clock.observe(": "end"}
