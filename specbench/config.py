@@ -102,7 +102,7 @@ class NgramConfig(DrafterConfig):
     # vLLM's prompt_lookup_min / prompt_lookup_max: suffix lengths tried, longest first.
     min_n: int = 2
     max_n: int = 5
-    impl: str = "torch"  # torch | triton: the lookup in torch or in a Triton kernel (specbench.kernels)
+    impl: str = "torch"  # torch: the lookup on the host (numpy, beside the histories); triton: a GPU kernel
 
 
 @dataclass

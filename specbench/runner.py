@@ -205,7 +205,7 @@ def decode_requests(
             proposal = spec.drafter.propose(DraftState(
                 tokens=[r.history[: r.n] for r in reqs], k=k, topk=spec.topk, num_draft_tokens=spec.num_draft_tokens,
                 features=[r.features[: r.n - 1] for r in reqs] if engine.feature_layers else None,
-                request_ids=tuple(r.index for r in reqs),
+                request_ids=tuple(r.index for r in reqs), host=[r.written[: r.n] for r in reqs],
             ))
             num = proposal.num_tokens.tolist()
 

@@ -1,15 +1,21 @@
 """Prompt-lookup drafting on tiny hand-made histories, each with its exact expected draft."""
 
+import numpy as np
 import pytest
 import torch
 
 from specbench.config import ConfigError, NgramConfig
 from specbench.drafters.base import DraftState
-from specbench.drafters.ngram import NgramDrafter, ngram_propose, ngram_propose_batch
+from specbench.drafters.ngram import NgramDrafter, ngram_propose, ngram_propose_batch, ngram_propose_host
+from specbench.graphs import HostOps
 
 
 def propose(tokens: list[int], min_n: int, max_n: int, k: int) -> list[int]:
-    return ngram_propose(torch.tensor(tokens), min_n, max_n, k).tolist()
+    """The draft of the torch search, checked against the host (numpy) search's."""
+    draft = ngram_propose(torch.tensor(tokens, dtype=torch.int64), min_n, max_n, k).tolist()
+    drafts, num = ngram_propose_host([np.array(tokens, dtype=np.int64)], min_n, max_n, k)  # [1, k], [1]
+    assert drafts[0, : num[0]].tolist() == draft and (drafts[0, num[0] :] == -1).all(), (tokens, drafts, draft)
+    return draft
 
 
 def test_no_match():
@@ -138,3 +144,22 @@ def test_batched_ragged_histories_match_the_reference():
         for b in range(B):
             expected = reference(tokens[b, : lengths[b]].tolist(), min_n, max_n, k)
             assert drafts[b, : num[b]].tolist() == expected and (drafts[b, num[b]:] == -1).all()
+        # The host search reads the same rows unpadded, laid end to end.
+        host = ngram_propose_host([tokens[b, : lengths[b]].numpy() for b in range(B)], min_n, max_n, k)
+        assert host[0].tolist() == drafts.tolist() and host[1].tolist() == num.tolist()
+
+
+def test_host_search_dispatches_no_torch_op_per_request():
+    """The drafter's round reads the runner's numpy histories: its torch dispatches (wrapping
+    the two outputs) do not grow with the batch."""
+    g = np.random.default_rng(2)
+
+    def ops(B):
+        histories = [g.integers(0, 5, 40) for _ in range(B)]
+        state = DraftState(tokens=[torch.from_numpy(h) for h in histories], k=4, host=histories)
+        with HostOps() as count:
+            out = NgramDrafter(min_n=1, max_n=3).propose(state)
+        assert out.num_tokens.shape == (B,) and int(out.num_tokens.sum()) > 0
+        return count.n
+
+    assert ops(48) == ops(1) <= 2

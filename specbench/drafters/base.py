@@ -34,6 +34,13 @@ class DraftState:
     # `feature_layers`), None for the others. Row t is the target's state after reading token t.
     features: Optional[list[torch.Tensor]] = None
     request_ids: tuple = ()  # B ids, stable over a request's rounds (cross-request drafters)
+    # B x [T_b] int64 numpy: the same histories as `tokens`, in the same memory. The runner keeps
+    # them per request, so that host-side drafters read them with no torch dispatch per request.
+    host: Optional[list] = None
+
+    def host_tokens(self) -> list[np.ndarray]:
+        """B x [T_b] int64 numpy histories: `host`, or `tokens` seen as numpy."""
+        return self.host if self.host is not None else [host_array(t) for t in self.tokens]
 
     @property
     def max_nodes(self) -> int:

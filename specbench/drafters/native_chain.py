@@ -52,7 +52,7 @@ from typing import Callable, Hashable, Iterable, Optional
 import numpy as np
 import torch
 
-from specbench.drafters.base import DraftProposal, DraftState, host_array
+from specbench.drafters.base import DraftProposal, DraftState
 from specbench.drafters.expand import expand_trees, tree_proposal
 from specbench.drafters.lm_stepper import shared_prefix
 from specbench.graphs import Graphed, supported as graphs_supported
@@ -109,7 +109,7 @@ class RowCache:
     def _ids(state: DraftState) -> tuple[tuple, list]:
         """-> the round's request ids (B, distinct) and histories B x [T_b] int64 numpy (views
         of CPU tensors: not to be written)."""
-        return state.ids, [host_array(t) for t in state.tokens]
+        return state.ids, state.host_tokens()
 
     def release(self, request_ids: Iterable[Hashable]) -> None:
         """Free these requests' rows (unknown ids are ignored)."""

@@ -381,7 +381,7 @@ class NgramTrieDrafter:
 
     def propose(self, state: DraftState) -> DraftProposal:
         B, M, ids = len(state.tokens), state.max_nodes, state.ids
-        histories = [host_array(tokens) for tokens in state.tokens]  # [T_b] each
+        histories = state.host_tokens()  # [T_b] each
         for rid, history in zip(ids, histories):  # everyone's new tokens first, then matching
             self.observe(rid, history)
         device = state.tokens[0].device if B else torch.device("cpu")
