@@ -176,7 +176,8 @@ class TreeConfig:
 class RuleConfig:
     name: str = MISSING
     # torch | triton: verification in torch (specbench.rules) or in one Triton kernel per round
-    # (specbench.kernels); trees take target_only / thresholded there (SGLang's kernel).
+    # (specbench.kernels); trees take target_only / thresholded there (SGLang's kernel). At
+    # temperature 0 the runner walks the argmaxes on the host under either.
     impl: str = "torch"
 
 

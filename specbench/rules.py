@@ -240,6 +240,35 @@ def verify_trees(
     return results
 
 
+# --- temperature 0 on the host: the runner's greedy rounds, from one copy of the argmaxes --------
+
+
+def greedy_chain_host(best: list, drafts: list) -> tuple[list, int]:
+    """One request's chain under greedy, in Python: best [k + 1] the target's argmax at each
+    position, drafts [m], m <= k -> (the emitted tokens best[: a + 1], a accepted drafts), what
+    verify_chain("greedy") gives the request."""
+    a = 0
+    while a < len(drafts) and drafts[a] == best[a]:
+        a += 1
+    return best[: a + 1], a
+
+
+def greedy_tree_host(best: list, node_tokens: list, children: tuple) -> TreeResult:
+    """One request's tree under greedy, in Python: best [N] the target's argmax at each node,
+    node_tokens [N] (node 0 the root), children: each node's children in try order
+    (TreeBuffers.host.children) -> what verify_trees("greedy") gives the request. The walk
+    takes the first child whose token is the argmax; a node without one emits the argmax."""
+    node, path, emitted, tried = 0, [0], [], 0
+    while True:
+        kids, target = children[node], best[node]
+        tried += bool(kids)  # a leaf tests nothing
+        emitted.append(target)
+        node = next((c for c in kids if node_tokens[c] == target), None)
+        if node is None:
+            return TreeResult(path=path, tokens=emitted, tried=tried)
+        path.append(node)
+
+
 @dataclass(frozen=True)
 class VerifyResult:
     tokens: torch.Tensor  # [B, k+1] emitted tokens, -1 after the last one

@@ -6,7 +6,9 @@ for every live request, a chain of up to k tokens or a tree (k levels), verifies
 and their bonus positions in one target forward [rows, q] (trees under their ancestor masks),
 accepts by the rule for all live requests in one call (ragged: each keeps its own accepted
 prefix; with rule.impl=triton one kernel launch for the batch, chains or trees), and keeps
-each accepted path in the engine's KV cache. Baseline and
+each accepted path in the engine's KV cache. At temperature 0 every rule is the argmax: the
+target's argmaxes come to the host in one copy and each request's round is walked there
+(specbench.rules' greedy_*_host, equal to the batched rules under "greedy"), whatever rule.impl. Baseline and
 speculation share this loop, its clocks and its token counting (k = 0 is the baseline).
 
 Letters: B engine rows, A live requests, q inputs per row, k draft depth, M draft nodes, V vocabulary.
@@ -22,11 +24,10 @@ from typing import Optional
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from specbench.drafters.base import DraftState, Drafter
 from specbench.metrics import RequestRecord, RoundClock, SpecStats
-from specbench.rules import NEEDS_DRAFT_PROBS, verify_chain, verify_trees
+from specbench.rules import NEEDS_DRAFT_PROBS, greedy_chain_host, greedy_tree_host, verify_chain, verify_trees
 from specbench.sampling import SamplingParams, probs_from_logits, sample
 from specbench.tree import TreeBuffers, compile_tree, with_root
 
@@ -39,7 +40,7 @@ class Speculation:
     rule_params: dict = field(default_factory=dict)  # threshold_single / threshold_acc
     topk: int = 1  # tree shape (specbench.tree); topk = 1 and no num_draft_tokens is a chain
     num_draft_tokens: Optional[int] = None
-    impl: str = "torch"  # rule.impl: the rules in torch, or the Triton kernels of specbench.kernels
+    impl: str = "torch"  # rule.impl: sampled rounds' rules in torch, or the Triton kernels of specbench.kernels
 
 
 def _synchronize(device: torch.device) -> None:
@@ -155,7 +156,6 @@ def decode_requests(
     outputs depend on the seed and the batch size; greedy outputs on neither."""
     device = engine.device
     k = spec.k if spec else 0
-    rule = None if spec is None else ("greedy" if params.greedy else spec.rule)
     q_max = 1 + max(k, (spec.num_draft_tokens or 0) if spec else 0, k * (spec.topk if spec else 1))
     batch = _Batch(engine, prompts, params, generator, room_extra=max_new_tokens + q_max + 1)
     records: list = [None] * len(prompts)
@@ -233,26 +233,33 @@ def decode_requests(
         t_forward = time.perf_counter()
         out = engine.forward(tokens, *tree_inputs)
         logits, step_features = out if engine.feature_layers else (out, None)
-        if len(rows) < engine.rows:  # idle rows: the live ones' logits (a copy of the index to the device)
-            logits = logits[torch.tensor(rows, device=logits.device)]
-        probs = probs_from_logits(logits, params)  # [A, q, V]
+        best = probs = None
+        if params.greedy:  # every rule is the argmax: one copy of them, the rounds on the host
+            best_rows = logits.argmax(-1).tolist()  # [B, q]
+            best = [best_rows[row] for row in rows]  # [A, q]
+        else:
+            if len(rows) < engine.rows:  # idle rows: the live ones' logits (a copy of the index to the device)
+                logits = logits[torch.tensor(rows, device=logits.device)]
+            probs = probs_from_logits(logits, params)  # [A, q, V]
         _synchronize(device)
         t_rule = time.perf_counter()
 
         if spec is None:
-            last = _next_token(probs[:, 0], params, generator).tolist()
+            last = [b[0] for b in best] if best is not None else sample(probs[:, 0], generator).tolist()
             rounds = [Round([t], 0, 0, 0, [0]) for t in last]
+        elif hasattr(spec.drafter, "forced_acceptance"):
+            rounds = _forced(spec.drafter, probs, best, inputs[rows], num, generator)
+        elif best is not None:
+            rounds = _greedy_rounds(best, inputs[rows].tolist(), num, [trees.get(row) for row in rows])
         elif trees:  # every live request's tree in one call (impl=triton: one kernel launch)
             live_trees = [trees[row] for row in rows]
             results = verify_trees(
-                rule, probs, tokens[rows].to(probs.device), live_trees, generator=generator, impl=spec.impl,
-                **(spec.rule_params if rule == "thresholded" else {}),
+                spec.rule, probs, tokens[rows].to(probs.device), live_trees, generator=generator, impl=spec.impl,
+                **(spec.rule_params if spec.rule == "thresholded" else {}),
             )
             rounds = [_verify_tree(tree, result) for tree, result in zip(live_trees, results)]
-        elif hasattr(spec.drafter, "forced_acceptance"):
-            rounds = _forced(spec.drafter, probs, inputs[rows], num, params, generator)
         else:
-            rounds = _verify_chain(spec, rule, probs, proposal, num, generator)
+            rounds = _verify_chain(spec, probs, proposal, num, generator)
         keep = [[] for _ in range(engine.rows)]
         for row, r, rd in zip(rows, reqs, rounds):
             keep[row] = rd.path
@@ -281,15 +288,31 @@ def decode_requests(
     return records
 
 
-def _verify_chain(spec, rule, probs, proposal, num, generator) -> list[Round]:
+def _greedy_rounds(best: list, step: list, num: list, trees: list) -> list[Round]:
+    """Temperature 0, every request on the host: best [A, q] the target's argmaxes, step [A, q]
+    the verify inputs (the last token, then the drafts), num [A] drafts, trees [A] each request's
+    TreeBuffers (None: a chain). The same rounds as verify_chain / verify_trees under "greedy"."""
+    rounds = []
+    for b, inputs, m, tree in zip(best, step, num, trees):
+        if tree is None:
+            emitted, a = greedy_chain_host(b, inputs[1 : m + 1])
+            rounds.append(Round(emitted, m, a, min(a + 1, m), list(range(a + 1))))
+        else:
+            rounds.append(_verify_tree(tree, greedy_tree_host(b, inputs, tree.host.children)))
+    return rounds
+
+
+def _verify_chain(spec, probs, proposal, num, generator) -> list[Round]:
     """probs: [A, k+1, V]; the drafts proposal.tokens [A, k], -1 past each request's num."""
+    rule = spec.rule
     drafts = proposal.tokens.to(probs.device)
-    draft_probs = proposal.probs
-    if draft_probs is None and rule in NEEDS_DRAFT_PROBS:
-        # A deterministic drafter's q is exactly the point mass on its token.
-        draft_probs = F.one_hot(drafts.clamp(min=0), probs.shape[-1]).to(probs.dtype)
+    if proposal.probs is None and rule in NEEDS_DRAFT_PROBS:
+        # A deterministic drafter's q is the point mass on its token, under which standard is
+        # onehot exactly: u q(x) < p(x) is u < p(x), and max(0, p - q) is p with x zeroed. The
+        # same draws, without building q [A, k, V] (tests/test_rules.py checks it draw for draw).
+        rule = "onehot"
     result = verify_chain(
-        rule, probs, drafts, draft_probs, generator=generator, impl=spec.impl,
+        rule, probs, drafts, proposal.probs, generator=generator, impl=spec.impl,
         **(spec.rule_params if rule == "thresholded" else {}),
     )
     both = torch.cat([result.tokens, result.num_accepted[:, None]], 1).tolist()  # one copy to the host, not two
@@ -303,13 +326,13 @@ def _verify_tree(tree, result) -> Round:
     return Round(result.tokens, m - 1, result.num_accepted, result.tried, result.path)
 
 
-def _forced(drafter, probs, step, num, params, generator) -> list[Round]:
+def _forced(drafter, probs, best, step, num, generator) -> list[Round]:
     """The synthetic control: the drafter dictates each accepted prefix; the target's p at the
-    stopping position gives the last token (its text is not the target's). probs [A, q, V],
-    step: the verify inputs [A, q] (numpy)."""
+    stopping position gives the last token (its text is not the target's). probs [A, q, V], or
+    under greedy best [A, q] the argmaxes; step: the verify inputs [A, q] (numpy)."""
     accepted = drafter.forced_acceptance(num)
-    if params.greedy:  # every position's argmax in one copy; each request's is picked on the host
-        last = [row[a] for row, a in zip(probs.argmax(-1).tolist(), accepted)]
+    if best is not None:
+        last = [row[a] for row, a in zip(best, accepted)]
     else:
         rows = torch.arange(len(num), device=probs.device)
         last = sample(probs[rows, torch.tensor(accepted, device=probs.device)], generator).tolist()

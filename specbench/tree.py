@@ -21,6 +21,7 @@ class TreeHost(NamedTuple):
     mask: np.ndarray  # [N, N] bool
     child_table: np.ndarray  # [N, Z] int64
     levels: int  # depth.max()
+    children: tuple  # N tuples: each node's children in try order (the host walk's, specbench.rules)
 
 
 @dataclass(frozen=True)
@@ -83,7 +84,7 @@ def compile_tree(parents: torch.Tensor, offset: int = 0) -> TreeBuffers:
     Z = max(map(len, children))
     table = [c + [-1] * (Z - len(c)) for c in children]
     host = TreeHost(np.array(depth, dtype=np.int64), np.array(mask, dtype=bool),
-                    np.array(table, dtype=np.int64).reshape(N, Z), max(depth))
+                    np.array(table, dtype=np.int64).reshape(N, Z), max(depth), tuple(map(tuple, children)))
     as_tensor = lambda x: torch.tensor(x, dtype=torch.int64)  # noqa: E731
     return TreeBuffers(parents, torch.from_numpy(host.depth), torch.from_numpy(host.mask), as_tensor(next_token),
                        as_tensor(next_sibling), torch.arange(offset, offset + N, dtype=torch.int64),

@@ -13,7 +13,8 @@ import torch
 from scipy import stats
 
 from conftest import TOY_P as P, chi2_pvalue  # P: the target
-from specbench.rules import verify_chain, verify_siblings
+from specbench.rules import greedy_chain_host, verify_chain, verify_siblings
+from specbench.sampling import sample
 
 Q = torch.tensor([0.20, 0.35, 0.05, 0.25, 0.10, 0.05])  # draft
 N = 200_000
@@ -28,6 +29,19 @@ def one_position(rule, draft_tokens, draft_probs=None, seed=0, **kw):
 
 
 # --- exact cases -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("V", [6, 1000, 49152])
+def test_sample_draws_what_multinomial_draws(V):
+    """sample skips multinomial's input checks (host syncs on CUDA) but keeps its draw: the
+    same tokens from the same seed, on unnormalised rows with zero entries too."""
+    g = torch.Generator().manual_seed(V)
+    probs = torch.softmax(3 * torch.randn(64, V, generator=g), -1) * torch.rand(64, 1, generator=g)
+    probs[:, ::3] = 0.0  # never drawn
+    tokens = sample(probs, torch.Generator().manual_seed(7))
+    assert torch.equal(tokens, torch.multinomial(probs, 1, generator=torch.Generator().manual_seed(7)).squeeze(-1))
+    assert (tokens % 3 != 0).all()
+
 
 
 def test_greedy_accepts_prefix_and_emits_argmax():
@@ -59,6 +73,10 @@ def test_greedy_matches_its_definition_on_random_ragged_drafts():
         assert int(res.num_accepted[b]) == a
         assert res.tokens[b].tolist() == drafts[b, :a].tolist() + [int(best[b, a])] + [-1] * (k - a)
     assert 0 < res.num_accepted.float().mean() < k  # both acceptances and rejections were met
+    for b in range(B):  # the runner's host form, request by request
+        m = int((drafts[b] >= 0).sum())
+        emitted, a = greedy_chain_host(best[b].tolist(), drafts[b, :m].tolist())
+        assert (emitted, a) == (res.tokens[b, : a + 1].tolist(), int(res.num_accepted[b])), b
 
 
 def test_point_mass_target_accepts_or_rejects_surely():
@@ -76,6 +94,23 @@ def test_standard_with_q_equal_p_always_accepts():
     res = verify_chain("standard", p, drafts, p[:, :3].clone(), generator=g)
     assert (res.num_accepted == 3).all()
     assert (res.tokens[:, :3] == drafts).all() and (res.tokens[:, 3] >= 0).all()
+
+
+def test_standard_under_a_point_mass_q_is_onehot_draw_for_draw():
+    """The runner verifies a deterministic drafter's chain with onehot where standard is asked
+    for: the two must emit the same tokens from the same generator state, ragged drafts included."""
+    g = torch.Generator().manual_seed(3)
+    for _ in range(20):
+        B, k, V = 16, 4, 12
+        p = torch.softmax(2 * torch.randn(B, k + 1, V, generator=g), -1)
+        drafts = torch.multinomial(p[:, :k].reshape(-1, V), 1, generator=g).view(B, k)
+        drafts[torch.rand(B, k, generator=g) < 0.2] = -1  # a -1 ends a row's chain
+        drafts = torch.where(torch.cumprod(drafts >= 0, 1) > 0, drafts, -1)
+        q = torch.nn.functional.one_hot(drafts.clamp(min=0), V).float()
+        seed = int(torch.randint(0, 2**31, (), generator=g))
+        standard = verify_chain("standard", p, drafts, q, generator=torch.Generator().manual_seed(seed))
+        onehot = verify_chain("onehot", p, drafts, generator=torch.Generator().manual_seed(seed))
+        assert torch.equal(standard.tokens, onehot.tokens) and torch.equal(standard.num_accepted, onehot.num_accepted)
 
 
 def test_short_drafts_end_with_a_bonus_from_p_at_that_position():

@@ -137,8 +137,8 @@ class OracleTreeDrafter:
 def test_tree_rounds_verify_every_request_in_one_launch(monkeypatch):
     """Four prompts through 3 engine rows (a finished row takes the next prompt), tree drafts of
     different sizes per request: greedy decoding with rule.impl=torch and rule.impl=triton gives
-    the baseline tokens, and the triton tree kernel is launched once per round for all the live
-    requests (never once per request); a sampled run launches once per round too."""
+    the baseline tokens, walked on the host (no kernel launch); a sampled run with impl=triton
+    launches the tree kernel once per round for all the live requests (never once per request)."""
     pytest.importorskip("triton", reason="the dev extra installs triton on Linux")
     from specbench.kernels import tree as ktree
 
@@ -159,10 +159,7 @@ def test_tree_rounds_verify_every_request_in_one_launch(monkeypatch):
         tokens, rounds, request_rounds = decode_all(spec, stats=stats)
         assert tokens == baseline, impl
         assert 0 < stats.accepted < stats.drafted
-        if impl == "torch":
-            assert launches == []
-        else:
-            assert len(launches) == rounds and sum(launches) == request_rounds and max(launches) == 3
+        assert launches == []
     launches.clear()
     spec = Speculation(OracleTreeDrafter(RAGGED, baseline, noise=0.3), "target_only", 3, topk=2, num_draft_tokens=7, impl="triton")
     tokens, rounds, request_rounds = decode_all(spec, params=SamplingParams(temperature=0.8))

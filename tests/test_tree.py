@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from conftest import ENGINES, TOY_P, chi2_pvalue, make_engine
-from specbench.rules import verify_siblings, verify_tree, verify_trees
+from specbench.rules import greedy_tree_host, verify_siblings, verify_tree, verify_trees
 from specbench.tree import compile_tree, select_nodes, with_root
 
 
@@ -209,7 +209,7 @@ def walk_one(tree, labels, choose, emit):
 def test_batched_greedy_walk_is_each_tree_walked_alone():
     """60 random trees in one call (seed 5), each node's token its parent's argmax with
     probability 0.6, so that greedy both accepts and refuses: each request's path, tokens and
-    tried levels are its own tree's walk by definition."""
+    tried levels are its own tree's walk by definition, and the runner's host walk's."""
     g = torch.Generator().manual_seed(5)
     trees = random_trees(60, g)
     q, V = max(t.parents.shape[0] for t in trees), 8
@@ -224,6 +224,8 @@ def test_batched_greedy_walk_is_each_tree_walked_alone():
         best = probs[a].argmax(-1)
         hit = lambda node, children: next((c for c in children if tokens[a, c] == best[node]), None)  # noqa: E731
         assert (res.path, res.tokens, res.tried) == walk_one(t, tokens[a], hit, lambda node: int(best[node])), a
+        host = greedy_tree_host(best.tolist(), tokens[a].tolist(), t.host.children)
+        assert (host.path, host.tokens, host.tried) == (res.path, res.tokens, res.tried), a
         depths.append(res.num_accepted)
     assert min(depths) == 0 and max(depths) >= 3  # refusals, and walks deep into a tree
 
