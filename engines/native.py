@@ -249,7 +249,7 @@ class NativeEngine:
 
     def __init__(self, model: Transformer, rows: int, max_length: int, *, feature_layers: tuple = (),
                  cuda_graphs: bool = True, compile: bool = False, compile_mode: Optional[str] = None,
-                 compile_scope: str = "layer", kernels: bool = False):
+                 compile_scope: str = "layer", compile_dynamic: Optional[bool] = False, kernels: bool = False):
         s = model.s
         param = next(model.parameters())
         self.model, self.rows, self.feature_layers = model, rows, tuple(feature_layers)
@@ -266,17 +266,21 @@ class NativeEngine:
         self.rope_table = model.rope(torch.arange(self.capacity, device=self.device), self.dtype)  # [S, 2, hd]
         # compile_scope "layer": one layer's graph, reused by every layer (the weights are inputs),
         # quick to compile; "model": the whole forward, which can also fuse across layers and the
-        # mask and RoPE tables. Dynamic in q after the second shape. Prefills run uncompiled.
+        # mask and RoPE tables. compile_dynamic: torch.compile's `dynamic` (EngineConfig says why
+        # False is the default). Prefills run uncompiled.
         if compile_scope not in COMPILE_SCOPES:
             raise ValueError(f"compile_scope={compile_scope}: valid scopes: {', '.join(COMPILE_SCOPES)}")
         whole = compile and compile_scope == "model"
-        if compile and kernels:
-            # specbench.kernels.attention takes q as a launch constant, so dynamo compiles once
-            # per q (CUDA graphs are captured per q anyway): a sweep over k, or t(q) for q = 1..33,
-            # passes dynamo's default limit of 8 recompiles, which fullgraph makes an error.
-            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 256)
-        self._layer = torch.compile(block, fullgraph=True, mode=compile_mode) if compile and not whole else block
-        self._forward = torch.compile(model.forward, fullgraph=True, mode=compile_mode) if whole else model.forward
+        if compile and (kernels or compile_dynamic is not True):
+            # One compile per shape (specbench.kernels.attention also takes q as a launch
+            # constant; CUDA graphs are captured per shape anyway): a sweep over k, or t(q) for
+            # q = 1..33, passes dynamo's default limits (8 a function, 256 in all), which
+            # fullgraph makes an error.
+            for limit in ("recompile_limit", "accumulated_recompile_limit"):
+                setattr(torch._dynamo.config, limit, max(getattr(torch._dynamo.config, limit), 4096))
+        options = dict(fullgraph=True, mode=compile_mode, dynamic=compile_dynamic)
+        self._layer = torch.compile(block, **options) if compile and not whole else block
+        self._forward = torch.compile(model.forward, **options) if whole else model.forward
         self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
         self.kernels = kernels  # decode projections through specbench.kernels.gemv (see block)
         # Decode and verify attention: the Triton kernel with kernels on (where it runs: the cache

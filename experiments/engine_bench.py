@@ -4,7 +4,8 @@
      copy bandwidth measured in this run, bytes read plus bytes written), against transformers'
      static cache with a torch.compile(mode="reduce-overhead") decode step, and against
      transformers' `generate`;
-  b. the verify forward's cost t(q), q = 1..33 positions, at context 512 and 4096;
+  b. the verify forward's cost t(q), q = 1..33 positions, at context 512 and 4096 (compiled
+     layers: each q its own compile; --dynamic auto adds dynamo's default, q symbolic);
   m. memory: batch 48 at context 4096 (weights, KV cache, peak) and its decode step.
   fused: the decode step with matmul against fused attention over batches and contexts.
 
@@ -26,6 +27,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -45,6 +47,7 @@ SMOLLM2_135M = dict(  # HuggingFaceTB/SmolLM2-135M-Instruct's config: the defaul
     tie_word_embeddings=True,
 )
 SHAPES = {"llama8b": LLAMA_8B, "smollm2": SMOLLM2_135M}
+DYNAMIC = {"false": False, "auto": None, "true": True}  # --dynamic -> NativeEngine's compile_dynamic
 TINY = dict(LLAMA_8B, vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2)
 
@@ -196,9 +199,12 @@ def hf_generate(model, ctx: int, device) -> dict:
     return {"ms": (t_long - t_short) / (long - short)}
 
 
-def verify_curve(native, ctx: int, device, compile: bool, qs, steps: int, kernels: bool = False) -> dict:
-    """t(q): one forward of q chain positions at batch 1 over ctx cached tokens."""
-    engine = NativeEngine(native, 1, ctx + max(qs) + 8, compile=compile, kernels=kernels)
+def verify_curve(native, ctx: int, device, compile: bool, qs, steps: int, kernels: bool = False,
+                 dynamic: Optional[bool] = False) -> dict:
+    """t(q): one forward of q chain positions at batch 1 over ctx cached tokens. dynamic: the
+    engine's compile_dynamic (False: each q compiled on its own; None: dynamo's default, q
+    symbolic from the second q on, so t(1) alone is specialised)."""
+    engine = NativeEngine(native, 1, ctx + max(qs) + 8, compile=compile, kernels=kernels, compile_dynamic=dynamic)
     engine.prefill(0, torch.randint(0, native.s.vocab_size, (ctx,), device=device))
     times = {}
     for q in qs:
@@ -281,9 +287,14 @@ def main(argv=None) -> int:
     ap.add_argument("--qs", default="1-33", help="b's positions per forward: a range A-B or a list (1,9: the goal's pair alone)")
     ap.add_argument("--kernels", action="store_true",
                     help="engine.kernels: a adds each native variant with the kernels beside it; b and m run with them, in eager layers")
+    ap.add_argument("--dynamic", default="false",
+                    help="b's compiled curves: engine.compile_dynamic, a list of false (each q compiled on its own), "
+                         "auto (dynamo's default) and true")
     ap.add_argument("--b-without-kernels", action="store_true",
                     help="with --kernels: b also times each curve without them (compiled layers, as the runner's rows ran)")
     args = ap.parse_args(argv)
+    if set(args.dynamic.split(",")) - set(DYNAMIC):
+        ap.error(f"--dynamic={args.dynamic}: valid: {', '.join(DYNAMIC)}")
     kernels = args.kernels
     parts = set(args.parts.split(","))
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -331,9 +342,11 @@ def main(argv=None) -> int:
         lo, _, hi = args.qs.partition("-")
         qs = list(range(int(lo), int(hi) + 1)) if hi else [int(q) for q in args.qs.split(",")]
         for c in ((32, 128) if args.tiny else (512, 4096)):
-            # with the kernels, eager layers: as fast as compiled ones (a), and no compile per q
-            attempt(results, f"verify_ctx{c}",
-                    lambda: verify_curve(native, c, device, not kernels, qs, max(steps // 2, 1), kernels), args.out)
+            for name in args.dynamic.split(","):  # curves beside the default's are named by their setting
+                # with the kernels, eager layers: as fast as compiled ones (a), and no compile per q
+                attempt(results, f"verify_ctx{c}" + ("" if name == "false" else f"_dynamic_{name}"),
+                        lambda: verify_curve(native, c, device, not kernels, qs, max(steps // 2, 1), kernels,
+                                             DYNAMIC[name]), args.out)
             if kernels and args.b_without_kernels:
                 attempt(results, f"verify_ctx{c}_torch",
                         lambda: verify_curve(native, c, device, True, qs, max(steps // 2, 1)), args.out)

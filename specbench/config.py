@@ -48,6 +48,11 @@ class EngineConfig:
     # shape (slower to start; the fastest batch-1 decode measured, results/2026-12-03-h200-runner)
     compile_mode: Optional[str] = None
     compile_scope: str = "layer"  # layer: one decoder layer's graph serves all; model: the whole forward
+    # torch.compile's `dynamic`. false: every forward shape (q, cache slots) compiled on its own,
+    # as its CUDA graph is captured on its own. null, dynamo's default, turns q and the slots
+    # symbolic at a process's second shape, so that a job's kernels depended on the jobs before
+    # it in a sweep (a process's first shape alone was specialised).
+    compile_dynamic: Optional[bool] = False
     # native on CUDA: decode and verify through Triton kernels (needs triton): one-row projections
     # with the norms, the MLP activation and the residual adds folded in (specbench.kernels.gemv),
     # and RoPE + cache write + attention in one kernel (specbench.kernels.attention)

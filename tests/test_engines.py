@@ -293,6 +293,22 @@ def test_compiled_forward_matches_the_eager_one(tiny_model, scope):
         assert rel(compiled, eager) < 1e-5
 
 
+@pytest.mark.parametrize("dynamic", [False, None])
+def test_each_forward_shape_compiles_on_its_own_unless_asked(tiny_model, dynamic):
+    """compile_dynamic=False (the config's default) compiles q = 1, 2, 3 into three graphs, so
+    that a job's kernels do not depend on the shapes an earlier job compiled in its process;
+    dynamo's default (None) makes q symbolic at the second shape and serves q = 3 with it."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    engine = NativeEngine(Transformer.from_hf(tiny_model), 1, 32, compile=True, compile_dynamic=dynamic)
+    engine.prefill(0, torch.tensor([0, 5, 17]))
+    before = counters["stats"]["unique_graphs"]
+    for q in (1, 2, 3):
+        engine.forward(torch.arange(q)[None])
+    assert counters["stats"]["unique_graphs"] - before == (3 if dynamic is False else 2)
+
+
 def test_unknown_compile_scope_is_refused(tiny_model):
     with pytest.raises(ValueError, match="compile_scope=graph"):
         NativeEngine(Transformer.from_hf(tiny_model), 1, 16, compile=True, compile_scope="graph")
