@@ -43,7 +43,7 @@ class EngineConfig:
 
     name: str = "native"  # hf | native | vllm | sglang
     cuda_graphs: bool = True  # on CUDA: replay each forward shape from a CUDA graph (native; model drafters)
-    compile: bool = False  # native: torch.compile one decoder layer (fused elementwise kernels)
+    compile: bool = False  # native: torch.compile one decoder layer (fused elementwise kernels), drafters' too
     # torch.compile's mode with compile; "max-autotune-no-cudagraphs" tunes Triton matmuls per
     # shape (slower to start; the fastest batch-1 decode measured, results/2026-12-03-h200-runner)
     compile_mode: Optional[str] = None

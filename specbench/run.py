@@ -241,7 +241,7 @@ def run(cfg: DictConfig, row: dict) -> tuple[list, list]:
         longest = max(x.shape[0] for x in inputs)
         ahead = max(cfg.k, (cfg.k - 1) * topk + 1)  # a chain's k - 1 drafts, a tree's k - 1 frontiers
         drafter.attach(model, rows=cfg.batch_size, max_length=longest + cfg.max_new_tokens + ahead + 2,
-                       cuda_graphs=cfg.engine.cuda_graphs)
+                       cuda_graphs=cfg.engine.cuda_graphs, compile=cfg.engine.name == "native" and cfg.engine.compile)
     device = provenance.device_name(next(model.parameters()).device)
     eos = eos_ids(tokenizer, model)
     impl = cfg.rule.impl if cfg.rule is not None else "torch"

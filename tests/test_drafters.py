@@ -20,6 +20,7 @@ from specbench.drafters.lm_stepper import LMStepper
 from specbench.drafters.ngram import NgramDrafter
 from specbench.drafters.ngram_trie import NgramTrieDrafter
 from specbench.drafters.synthetic import SyntheticDrafter
+from specbench.engines.native import block as native_block
 from specbench.heads import EagleHeadConfig, build_head, save_head
 from specbench.kvaccount import Policy, request_slots
 from specbench.runner import Speculation, decode_requests
@@ -209,14 +210,15 @@ def test_a_batch_drafts_each_request_as_a_drafter_of_its_own(name, shape, target
         assert first_read(steppers[3]) == len(histories[3]) - bool(batch.feature_layers)  # every token (pair): a clean cache
 
 
-@pytest.mark.parametrize("sizing", [{}, {"rows": 1, "max_length": 8}])  # defaults; too small: the cache grows
+# defaults; too small: the cache grows; compiled layers (engine.compile)
+@pytest.mark.parametrize("sizing", [{}, {"rows": 1, "max_length": 8}, {"compile": True}])
 @pytest.mark.parametrize("name", NATIVE_CHAIN)
 def test_batched_native_chains_propose_what_the_per_request_path_proposes(name, sizing, target, draft_dir, monkeypatch):
     """Three requests of different lengths over three rounds of ragged growth (a fully rejected
     chain rolled back, a fully accepted one, a request released and its slot taken by a new id):
-    the batched chains equal expand.draft over one LMStepper per request, token for token; a new
-    request is prefilled with its history less the last token, and a known one reads only what
-    it gained."""
+    the batched chains equal expand.draft over one LMStepper per request, token for token, with
+    eager or compiled layers; a new request is prefilled with its history less the last token,
+    and a known one reads only what it gained."""
     from specbench.drafters.expand import Steppers, draft
     from specbench.engines.native import NativeEngine
 
@@ -232,6 +234,8 @@ def test_batched_native_chains_propose_what_the_per_request_path_proposes(name, 
     if sizing:
         batch.attach(target, **sizing)
     steppers = Steppers(lambda: LMStepper(batch.model))
+    if sizing.get("compile"):
+        assert batch.chain.ready() and batch.chain.engine._layer is not native_block
     histories = {7: PROMPTS[0], 3: torch.tensor([0, 9]), 11: torch.cat([PROMPTS[2], PROMPTS[1]])}
 
     def propose(order):

@@ -105,13 +105,16 @@ class DraftModelDrafter(ChainsAndTrees):
     def from_config(cls, cfg: DraftModelConfig, params: SamplingParams, seed: int = 0) -> DraftModelDrafter:
         return cls(cfg.path, cfg.draft_sample_method, params, seed)
 
-    def attach(self, target, rows: int = ROWS, max_length: int = MAX_LENGTH, *, cuda_graphs: bool = True) -> None:
+    def attach(self, target, rows: int = ROWS, max_length: int = MAX_LENGTH, *, cuda_graphs: bool = True,
+               compile: bool = False) -> None:
         """Load the weights next to the target (after check_vocab has passed). rows, max_length:
         the batched chains' cache (the run's batch size and longest request; it grows if short);
-        cuda_graphs: their forwards replayed from CUDA graphs on CUDA (the run's engine.cuda_graphs)."""
+        cuda_graphs: their forwards replayed from CUDA graphs on CUDA (the run's engine.cuda_graphs);
+        compile: their layers through torch.compile (the run's engine.compile)."""
         from specbench.engines.native import Transformer
 
         self.model = model = load_draft_model(self.path, target)
         self.steppers = Steppers(lambda: LMStepper(model))
-        self.chain = NativeChain(lambda: Transformer.from_hf(model), rows, max_length, cuda_graphs=cuda_graphs)
+        self.chain = NativeChain(lambda: Transformer.from_hf(model), rows, max_length, cuda_graphs=cuda_graphs,
+                                 compile=compile)
         self.generator = torch.Generator(next(model.parameters()).device).manual_seed(self.seed)

@@ -106,10 +106,12 @@ class EagleDrafter(ChainsAndTrees):
     def from_config(cls, cfg: EagleConfig, params: SamplingParams, seed: int = 0) -> EagleDrafter:
         return cls(cfg.name, cfg.path, cfg.draft_sample_method, params, seed)
 
-    def attach(self, target, rows: int = ROWS, max_length: int = MAX_LENGTH, *, cuda_graphs: bool = True) -> None:
+    def attach(self, target, rows: int = ROWS, max_length: int = MAX_LENGTH, *, cuda_graphs: bool = True,
+               compile: bool = False) -> None:
         """Load the head next to the target. rows, max_length: the batched chains' head cache
         (the run's batch size and longest request; it grows if short); cuda_graphs: its forwards
-        replayed from CUDA graphs on CUDA (the run's engine.cuda_graphs)."""
+        replayed from CUDA graphs on CUDA (the run's engine.cuda_graphs). compile is not used: the
+        head's one layer runs its own step (specbench.drafters.eagle_chain)."""
         self.head = head = load_head(self.local if self.local.is_dir() else self.path, target)
         self.feature_layers = tuple(head.config.feature_layers)
         self.steppers = Steppers(lambda: EagleStepper(head))

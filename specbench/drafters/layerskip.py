@@ -59,13 +59,15 @@ class LayerSkipDrafter(ChainsAndTrees):
     def from_config(cls, cfg: LayerSkipConfig, params: SamplingParams, seed: int = 0) -> LayerSkipDrafter:
         return cls(cfg.layers, cfg.draft_sample_method, params, seed)
 
-    def attach(self, target, rows: int = ROWS, max_length: int = MAX_LENGTH, *, cuda_graphs: bool = True) -> None:
+    def attach(self, target, rows: int = ROWS, max_length: int = MAX_LENGTH, *, cuda_graphs: bool = True,
+               compile: bool = False) -> None:
         """rows, max_length: the batched chains' cache (the run's batch size and longest request;
         it grows if short); cuda_graphs: their forwards replayed from CUDA graphs on CUDA (the
-        run's engine.cuda_graphs)."""
+        run's engine.cuda_graphs); compile: their layers through torch.compile (engine.compile)."""
         from specbench.engines.native import Transformer
 
         self.model = view = truncated(target, self.layers)
         self.steppers = Steppers(lambda: LMStepper(view))
-        self.chain = NativeChain(lambda: Transformer.from_hf(view), rows, max_length, cuda_graphs=cuda_graphs)
+        self.chain = NativeChain(lambda: Transformer.from_hf(view), rows, max_length, cuda_graphs=cuda_graphs,
+                                 compile=compile)
         self.generator = torch.Generator(next(view.parameters()).device).manual_seed(self.seed)

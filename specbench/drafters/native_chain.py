@@ -126,11 +126,14 @@ class NativeChain(RowCache):
     engine does not run), `ready()` is False and the caller keeps its per-request path."""
 
     def __init__(self, build: Callable[[], object], rows: int = ROWS, max_length: int = MAX_LENGTH,
-                 *, cuda_graphs: bool = True):
+                 *, cuda_graphs: bool = True, compile: bool = False):
         if rows < 1 or max_length < 1:
             raise ValueError(f"NativeChain needs rows >= 1 and max_length >= 1, got {rows}, {max_length}")
         super().__init__()
         self._build, self._rows, self._max_length, self.cuda_graphs = build, rows, max_length, cuda_graphs
+        # the draft's layers through torch.compile as the target's are (engine.compile): eager
+        # ones replay about four times the kernels of a compiled layer from their graphs
+        self.compile = compile
         self.model = None  # the Transformer, once built
         self.engine = None  # the NativeEngine, once built
         self._failed = False
@@ -164,7 +167,7 @@ class NativeChain(RowCache):
         from specbench.engines.native import NativeEngine
 
         old = self.engine
-        self.engine = NativeEngine(self.model, rows, max_length, cuda_graphs=self.cuda_graphs, compile=False)
+        self.engine = NativeEngine(self.model, rows, max_length, cuda_graphs=self.cuda_graphs, compile=self.compile)
         self._greedy.clear()  # captured over the old cache
         self._widths.clear()  # the new engine has no graphs
         if old is not None:  # a grown cache keeps every row's entries and length

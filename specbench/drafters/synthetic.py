@@ -45,12 +45,14 @@ class SyntheticDrafter(ChainsAndTrees):
     def from_config(cls, cfg: SyntheticConfig, params: SamplingParams, seed: int = 0) -> SyntheticDrafter:
         return cls(list(cfg.acceptance_rates), cfg.draft_layers, params, seed)
 
-    def attach(self, target, rows: int = ROWS, max_length: int = MAX_LENGTH, *, cuda_graphs: bool = True) -> None:
+    def attach(self, target, rows: int = ROWS, max_length: int = MAX_LENGTH, *, cuda_graphs: bool = True,
+               compile: bool = False) -> None:
         from specbench.engines.native import Transformer
 
         view = truncated(target, self.draft_layers)
         self.steppers = Steppers(lambda: LMStepper(view))
-        self.chain = NativeChain(lambda: Transformer.from_hf(view), rows, max_length, cuda_graphs=cuda_graphs)
+        self.chain = NativeChain(lambda: Transformer.from_hf(view), rows, max_length, cuda_graphs=cuda_graphs,
+                                 compile=compile)
 
     def rate(self, i: int) -> float:
         """Conditional acceptance of draft position i (0-based); the last rate repeats."""
