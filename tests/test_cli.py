@@ -123,6 +123,21 @@ def test_unknown_group_option_lists_the_valid_ones(tmp_path):
     assert not (tmp_path / "runs").exists()  # nothing ran
 
 
+@pytest.mark.parametrize("args,line", [
+    (["k=abc"], "error: k=abc: Value 'abc' of type 'str' could not be converted to Integer"),
+    (["k=4", "kk=4"], "error: kk=4: Key 'kk' not in 'SpecBenchConfig'"),
+    (["+drafter=ngram", "engine.cuda_graphs=maybe"], "error: engine.cuda_graphs=maybe: Value 'maybe' is not a valid bool"),
+    (["+drafter=ngram,ngram_trie", "-m", "k=2,4,x"], "error: k=x: Value 'x' of type 'str' could not be converted"),
+    (["+drafter=ngram", "drafter.max_nn=3"], "error: drafter.max_nn=3: Key 'max_nn' not in 'NgramConfig'"),
+])
+def test_a_mistyped_value_or_unknown_key_is_one_line_before_any_job(tmp_path, args, line):
+    """Hydra's own message spans several lines, and in a sweep it comes only when the job with
+    the bad value starts (k=x is the sweep's third value here): one line, exit 2, nothing run."""
+    proc = cli(*args, f"results_dir={tmp_path}")
+    assert proc.returncode == 2 and proc.stderr.strip().startswith(line) and "\n" not in proc.stderr.strip()
+    assert not any(tmp_path.iterdir())  # no job, no results folder
+
+
 def test_bad_value_exits_nonzero_with_one_line_and_a_failed_row(tmp_path):
     proc = cli("+drafter=ngram", "k=0", f"results_dir={tmp_path}")
     assert proc.returncode == 2
