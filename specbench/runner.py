@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -79,6 +80,23 @@ class _Request:
 
     def __post_init__(self):
         self.written = self.history.numpy()  # made once: writing through it dispatches nothing
+
+
+class _Histories(Sequence):
+    """DraftState.tokens of a round's requests: each history's tensor view [n] is made when a
+    drafter reads it, so that the drafters that read `host` (numpy) dispatch nothing per request."""
+
+    def __init__(self, reqs: list):
+        self._reqs = reqs
+
+    def __len__(self) -> int:
+        return len(self._reqs)
+
+    def __getitem__(self, b):
+        if isinstance(b, slice):
+            return [self[i] for i in range(*b.indices(len(self)))]
+        r = self._reqs[b]
+        return r.history[: r.n]
 
 
 class _Batch:
@@ -203,7 +221,7 @@ def decode_requests(
         proposal, num = None, [0] * len(reqs)
         if spec is not None:
             proposal = spec.drafter.propose(DraftState(
-                tokens=[r.history[: r.n] for r in reqs], k=k, topk=spec.topk, num_draft_tokens=spec.num_draft_tokens,
+                tokens=_Histories(reqs), k=k, topk=spec.topk, num_draft_tokens=spec.num_draft_tokens,
                 features=[r.features[: r.n - 1] for r in reqs] if engine.feature_layers else None,
                 request_ids=tuple(r.index for r in reqs), host=[r.written[: r.n] for r in reqs],
             ))

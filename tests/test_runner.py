@@ -241,3 +241,27 @@ def test_a_rounds_bookkeeping_dispatches_no_host_operation_per_request(tiny_mode
     (one, rounds), (six, six_rounds) = ops(1), ops(6)
     assert rounds == six_rounds == 15
     assert six <= one + rounds, (one, six)
+
+
+def test_an_ngram_rounds_host_work_does_not_grow_with_the_batch(tiny_model):
+    """Speculating with ngram (histories read as numpy through DraftState.host, greedy rounds
+    walked on the host) dispatches about as many aten operations a round at batch 6 as at batch
+    1: less than one more per extra request a round (1 a request would add 5). The difference
+    left is ragged acceptance's one length copy a round."""
+    from specbench.drafters.ngram import NgramDrafter
+    from specbench.engines.native import NativeEngine, Transformer
+    from specbench.graphs import HostOps
+
+    native = Transformer.from_hf(tiny_model)
+
+    def per_round(B: int) -> float:
+        prompts = [torch.tensor([1, 5, 6, 7, 5, 6, 9, 3]) + b for b in range(B)]
+        clock = RoundClock()
+        with torch.inference_mode(), HostOps() as count:
+            decode_requests(NativeEngine(native, B, 64), prompts, params=GREEDY, max_new_tokens=16, eos_ids=frozenset(),
+                            generator=torch.Generator().manual_seed(0), spec=Speculation(NgramDrafter(1, 3), "standard", 3),
+                            clock=clock)
+        return count.n / clock.steps
+
+    one, six = per_round(1), per_round(6)
+    assert six < one + 5, (one, six)

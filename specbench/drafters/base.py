@@ -18,7 +18,7 @@ calls for finished requests when the drafter has one, frees them.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Protocol
+from typing import Optional, Protocol, Sequence
 
 import numpy as np
 import torch
@@ -26,7 +26,7 @@ import torch
 
 @dataclass(frozen=True)
 class DraftState:
-    tokens: list[torch.Tensor]  # B x [T_b] int64, prompt + generated so far (the last one not yet verified)
+    tokens: Sequence[torch.Tensor]  # B x [T_b] int64, prompt + generated so far (the last one not yet verified)
     k: int  # draft depth: tokens per chain, steps per tree (SGLang's speculative_num_steps)
     topk: int = 1  # children expanded per node (SGLang's eagle_topk); 1 asks for a chain
     num_draft_tokens: Optional[int] = None  # tree nodes including the root; None: k * topk + 1

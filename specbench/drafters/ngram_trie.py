@@ -384,7 +384,6 @@ class NgramTrieDrafter:
         histories = state.host_tokens()  # [T_b] each
         for rid, history in zip(ids, histories):  # everyone's new tokens first, then matching
             self.observe(rid, history)
-        device = state.tokens[0].device if B else torch.device("cpu")
         flat_tokens = [-1] * (B * M)  # [B * M], filled row by row, one tensor per batch below
         flat_parents = [0] * (B * M)  # 0 in unused columns
         counts = [0] * B
@@ -395,12 +394,12 @@ class NgramTrieDrafter:
             flat_tokens[b * M : b * M + m] = toks
             flat_parents[b * M : b * M + m] = pars
             counts[b] = m
-        drafts = torch.tensor(flat_tokens, dtype=torch.int64).view(B, M)  # [B, M]
-        parents = torch.tensor(flat_parents, dtype=torch.int64).view(B, M)  # [B, M]
-        num = torch.tensor(counts, dtype=torch.int64)  # [B]
-        return DraftProposal(
-            tokens=drafts.to(device), num_tokens=num.to(device), probs=None, parents=parents.to(device)
-        )
+        drafts = np.array(flat_tokens, dtype=np.int64).reshape(B, M)  # [B, M]
+        parents = np.array(flat_parents, dtype=np.int64).reshape(B, M)  # [B, M]
+        num = np.array(counts, dtype=np.int64)  # [B]
+        # on the host, where the runner reads them (one torch op each)
+        return DraftProposal(tokens=torch.from_numpy(drafts), num_tokens=torch.from_numpy(num), probs=None,
+                             parents=torch.from_numpy(parents))
 
 
 def _level_order(drafted: list[tuple[int, int]]) -> tuple[list[int], list[int]]:
