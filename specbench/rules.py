@@ -84,28 +84,46 @@ def verify_siblings(
     two rules coincide. P(emit c_j) = prod_{i<j} (1 - r_i(c_i)) r_j(c_j) = p(c_j): lossless.
     greedy: the first candidate equal to argmax p, else the argmax.
     """
+    _check_sibling_rule(rule, threshold_single, threshold_acc)
+    if rule == "greedy":
+        return _greedy_siblings(target_probs.argmax(-1), candidates)
+    accepted = _sibling_choice(rule, target_probs, candidates, generator, threshold_single, threshold_acc)  # [B]
+    recovered = _recovered(target_probs, candidates, generator)  # [B]
+    rows = torch.arange(target_probs.shape[0], device=target_probs.device)
+    token = torch.where(accepted >= 0, candidates[rows, accepted.clamp(min=0)], recovered)
+    return SiblingResult(token=token, accepted=accepted)
+
+
+def _check_sibling_rule(rule: str, threshold_single: float, threshold_acc: float) -> None:
     if rule not in SIBLING_RULES:
         raise ValueError(f"rule={rule}: sibling candidates (a tree level) take {', '.join(SIBLING_RULES)}")
     if rule != "thresholded" and (threshold_single, threshold_acc) != (1.0, 1.0):
         raise ValueError(f"rule={rule} takes no thresholds; use rule thresholded")
-    B, V = target_probs.shape
+
+
+def _sibling_choice(rule: str, p: torch.Tensor, candidates: torch.Tensor, generator,
+                    threshold_single: float, threshold_acc: float) -> torch.Tensor:
+    """A sampled rule's decision at one level: p [B, V], candidates [B, m] (-1 pads) -> [B] the
+    accepted candidate's index, -1 when every one is refused (then the level emits _recovered)."""
     valid = candidates >= 0  # [B, m]
     c = candidates.clamp(min=0)
-    rows = torch.arange(B, device=target_probs.device)
-    if rule == "greedy":
-        return _greedy_siblings(target_probs.argmax(-1), candidates)
-    if rule in ("onehot", "standard"):
-        return _recursive_rejection(target_probs, c, valid, generator)
-    p_c = target_probs.gather(-1, c).masked_fill(~valid, 0.0)  # [B, m]
-    coin = torch.rand(B, generator=generator, device=target_probs.device)
-    accepted = _target_only_choice(p_c, coin, threshold_single, threshold_acc)  # [B]
-    # Every candidate was tried and refused: zero them (padding must not zero token 0).
-    tried = torch.zeros_like(target_probs).scatter_reduce(-1, c, valid.to(target_probs.dtype), "amax")
-    residual = target_probs * (1 - tried)
-    residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, target_probs)
-    recovered = sample(residual, generator)
-    token = torch.where(accepted >= 0, c[rows, accepted.clamp(min=0)], recovered)
-    return SiblingResult(token=token, accepted=accepted)
+    if rule in ("onehot", "standard"):  # one coin per candidate
+        coins = torch.rand(c.shape, generator=generator, device=p.device)
+        return _recursive_choice(p.gather(-1, c), p.sum(-1), c, valid, coins)
+    p_c = p.gather(-1, c).masked_fill(~valid, 0.0)  # [B, m]
+    coin = torch.rand(c.shape[0], generator=generator, device=p.device)
+    return _target_only_choice(p_c, coin, threshold_single, threshold_acc)
+
+
+def _recovered(p: torch.Tensor, candidates: torch.Tensor, generator) -> torch.Tensor:
+    """The token a level emits when every candidate is refused, under every sampled rule: a draw
+    from p with the candidates zeroed (p itself where that leaves no mass; a leaf's bonus, no
+    candidates, is a draw from p). p [B, V], candidates [B, m] (-1 pads) -> [B]."""
+    valid = candidates >= 0
+    # padding (clamped to token 0) must not zero token 0: amax of the valid flags per token
+    tried = torch.zeros_like(p).scatter_reduce(-1, candidates.clamp(min=0), valid.to(p.dtype), "amax")
+    residual = p * (1 - tried)
+    return sample(torch.where(residual.sum(-1, keepdim=True) > 0, residual, p), generator)
 
 
 def _greedy_siblings(best: torch.Tensor, candidates: torch.Tensor) -> SiblingResult:
@@ -114,24 +132,22 @@ def _greedy_siblings(best: torch.Tensor, candidates: torch.Tensor) -> SiblingRes
     return SiblingResult(token=best, accepted=torch.where(hit.any(-1), hit.long().argmax(-1), -1))
 
 
-def _recursive_rejection(p: torch.Tensor, c: torch.Tensor, valid: torch.Tensor, generator) -> SiblingResult:
-    """p: [B, V]; c, valid: [B, m] -> the first accepted sibling, or a draw from the residual."""
-    B, m = c.shape
-    residual = p.clone()  # [B, V], unnormalised: r_j = residual / residual.sum()
-    accepted = torch.full((B,), -1, dtype=torch.int64, device=p.device)
-    coins = torch.rand((B, m), generator=generator, device=p.device)
-    for j in range(m):
-        mass = residual.sum(-1)  # [B]
-        r_c = residual.gather(-1, c[:, j : j + 1]).squeeze(-1)  # [B]
-        take = (accepted < 0) & valid[:, j] & (coins[:, j] * mass < r_c)
-        accepted = torch.where(take, j, accepted)
-        tried = (accepted < 0) & valid[:, j]
-        residual = torch.where(tried.unsqueeze(-1), residual.scatter(-1, c[:, j : j + 1], 0.0), residual)
-    residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, p)
-    recovered = sample(residual, generator)
-    rows = torch.arange(B, device=p.device)
-    token = torch.where(accepted >= 0, c[rows, accepted.clamp(min=0)], recovered)
-    return SiblingResult(token=token, accepted=accepted)
+def _recursive_choice(p_c: torch.Tensor, total: torch.Tensor, c: torch.Tensor, valid: torch.Tensor,
+                      coins: torch.Tensor) -> torch.Tensor:
+    """Recursive rejection's decisions for all m candidates at once. p_c: [B, m] p at each
+    candidate, total: [B] p's sum, c, valid, coins: [B, m] -> [B] the first accepted, -1 none.
+
+    Candidate j meets r_j, p with the refused c_0 .. c_{j-1} zeroed (unnormalised), and is
+    accepted when coins_j sum(r_j) < r_j(c_j). Whether j is reached does not change r_j, so
+    every test is made at once from p at the candidates: a candidate repeating an earlier valid
+    one has r_j(c_j) = 0, and each distinct refused token takes its p off the mass once."""
+    m = c.shape[1]
+    earlier = torch.ones(m, m, dtype=torch.bool, device=c.device).tril(-1)  # [m, m]: i < j
+    repeat = ((c[:, :, None] == c[:, None, :]) & valid[:, None, :] & earlier).any(-1)  # [B, m]
+    p_c = p_c * (valid & ~repeat)  # [B, m] r_j(c_j): what each candidate takes off when refused
+    mass = total[:, None] - (p_c.cumsum(-1) - p_c)  # [B, m] sum(r_j)
+    take = (p_c > 0) & (coins * mass < p_c)  # [B, m]
+    return torch.where(take.any(-1), take.long().argmax(-1), -1)
 
 
 @dataclass(frozen=True)
@@ -182,10 +198,12 @@ def verify_trees(
 
     target_probs: [A, q, V]; node_tokens: [A, q] (column 0 each request's root); trees: A
     specbench.tree.TreeBuffers, request a's with m_a <= q nodes (its rows past m_a are not read).
-    impl="torch": D + 1 rounds of `verify_siblings` over all A requests (D the deepest tree), each
-    request at its current node with its children as the candidates; one copy to the host at the
+    impl="torch": D + 1 rounds of `verify_siblings`' decisions over all A requests (D the deepest
+    tree), each request at its current node with its children as the candidates; one copy to the host at the
     end. A leaf has no candidates, so its row's draw is the bonus token from p. Each level draws
-    [A, ...] from `generator` for every request, still walking or not.
+    its coins [A, ...] from `generator` for every request, still walking or not; the token of
+    the level where each walk stops (recovered, or a leaf's bonus) is drawn once, after the walk
+    (a per-level draw over V, which the walks past it discarded, cost D + 1 of them).
     impl="triton": every tree in one kernel launch (specbench.kernels.tree), the trees padded to
     the most nodes, on coins [A, D] and noise [A, V] drawn once for the batch.
     Both impls give the same law, and the same tokens under greedy, but not the same draws from a
@@ -218,20 +236,31 @@ def verify_trees(
     path[:, 0] = 0
     emitted = torch.full((A, D + 1), -1, dtype=torch.int64, device=device)
     best = target_probs.argmax(-1) if rule == "greedy" else None  # [A, q]: one pass over V, not one a level
+    # Sampled rules decide level by level and draw the token of the level where a walk stops
+    # (a refusal's recovered token, or a leaf's bonus) once, for every walk, after the loop.
+    stop_level = torch.zeros(A, dtype=torch.int64, device=device)  # [A]
+    stop_candidates = torch.full((A, Z), -1, dtype=torch.int64, device=device)  # [A, Z]
     for level in range(D + 1):  # the walks at depth `level`; at D every one is at a leaf or done
         children = table[rows, node]  # [A, Z]
         candidates = torch.where(children >= 0, node_tokens.gather(1, children.clamp(min=0)), -1)
         if best is not None:
             result = _greedy_siblings(best[rows, node], candidates)
+            accepted = result.accepted
+            emitted[:, level] = torch.where(going, result.token, -1)
         else:
-            result = verify_siblings(rule, target_probs[rows, node], candidates, generator=generator,
-                                     threshold_single=threshold_single, threshold_acc=threshold_acc)
-        emitted[:, level] = torch.where(going, result.token, -1)
+            accepted = _sibling_choice(rule, target_probs[rows, node], candidates, generator,
+                                       threshold_single, threshold_acc)  # [A]
+            stops = going & (accepted < 0)
+            stop_level = torch.where(stops, level, stop_level)
+            stop_candidates = torch.where(stops[:, None], candidates, stop_candidates)
+            emitted[:, level] = torch.where(going & ~stops, candidates[rows, accepted.clamp(min=0)], -1)
         tried += going & (children[:, 0] >= 0)  # a leaf's level tests nothing
-        going &= result.accepted >= 0
+        going &= accepted >= 0
         if level < D:
-            node = torch.where(going, children[rows, result.accepted.clamp(min=0)], node)
+            node = torch.where(going, children[rows, accepted.clamp(min=0)], node)
             path[:, level + 1] = torch.where(going, node, -1)
+    if best is None:  # every walk stopped once, at `node`
+        emitted[rows, stop_level] = _recovered(target_probs[rows, node], stop_candidates, generator)
     host = torch.cat([path, emitted, tried[:, None]], 1).tolist()  # [A, 2D + 3], the one sync
     results = []
     for row in host:

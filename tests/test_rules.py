@@ -224,6 +224,33 @@ def test_siblings_exact_cases():
         verify_siblings("typical", p, cands)
 
 
+def test_recursive_rejection_decides_each_candidate_as_the_sequential_walk_does():
+    """_recursive_choice makes the m tests at once; the definition walks the candidates one by
+    one, zeroing each refused one in a residual over V. Seed 10, 2,000 rows of 5 candidates
+    over 6 tokens (repeats and -1 padding among them), float64: the same accepted index."""
+    from specbench.rules import _recursive_choice
+
+    g = torch.Generator().manual_seed(10)
+    B, m, V = 2000, 5, 6
+    p = torch.softmax(2 * torch.randn(B, V, generator=g, dtype=torch.float64), -1)
+    p[torch.rand(B, V, generator=g) < 0.2] = 0.0  # tokens p never emits
+    c = torch.randint(0, V, (B, m), generator=g)
+    c[torch.rand(B, m, generator=g) < 0.2] = -1
+    valid, coins = c >= 0, torch.rand(B, m, generator=g, dtype=torch.float64)
+    got = _recursive_choice(p.gather(-1, c.clamp(min=0)), p.sum(-1), c.clamp(min=0), valid, coins)
+    for b in range(B):
+        residual, want = p[b].clone(), -1
+        for j in range(m):
+            if not valid[b, j]:
+                continue
+            if coins[b, j] * residual.sum() < residual[c[b, j]]:
+                want = j
+                break
+            residual[c[b, j]] = 0.0
+        assert int(got[b]) == want, (b, c[b].tolist(), p[b].tolist())
+    assert (got >= 0).any() and (got < 0).any() and (got >= 2).any()
+
+
 def test_siblings_tree_of_three_is_lossless_and_accepts_their_mass():
     """The write-up's tree: candidates 1, 3, 0 (the 3 most likely under Q); accept 0.75."""
     cands = torch.tensor([1, 3, 0]).expand(N, 3)
