@@ -41,20 +41,22 @@ NEEDS_DRAFT_PROBS = ("standard",)
 SIBLING_RULES = ("standard", "onehot", "target_only", "thresholded", "greedy")  # all take trees
 
 
-def _target_only_choice(
-    p_candidates: torch.Tensor, coin: torch.Tensor, threshold_single: float, threshold_acc: float
-) -> torch.Tensor:
+def _target_only_choice(p_candidates, coin, threshold_single: float, threshold_acc: float):
     """SGLang's per-level test. p_candidates: [..., m] target mass of the siblings in order,
-    coin: [...] one uniform per level -> [...] index of the accepted sibling, -1 for none.
+    coin: [...] one uniform per level -> [...] index of the accepted sibling, -1 for none
+    (torch tensors, or numpy arrays: the host's tree walk).
 
     Sibling j is accepted when it has mass and u < sum_{i<=j} p(c_i) / threshold_acc, or
     p(c_j) >= threshold_single; the first such sibling wins."""
     cumulative = p_candidates.cumsum(-1)
-    ok = (p_candidates > 0) & (
-        (coin.unsqueeze(-1) < cumulative / threshold_acc) | (p_candidates >= threshold_single)
-    )
-    first = ok.long().argmax(-1)  # index of the first True (0 when none)
-    return torch.where(ok.any(-1), first, -1)
+    ok = (p_candidates > 0) & ((coin[..., None] < cumulative / threshold_acc) | (p_candidates >= threshold_single))
+    return _first(ok)
+
+
+def _first(ok):
+    """ok: [..., m] bool (torch or numpy) -> [...] the index of the first True, -1 for none."""
+    where = torch.where if isinstance(ok, torch.Tensor) else np.where
+    return where(ok.any(-1), (ok * 1).argmax(-1), -1)
 
 
 @dataclass(frozen=True)
@@ -132,22 +134,22 @@ def _greedy_siblings(best: torch.Tensor, candidates: torch.Tensor) -> SiblingRes
     return SiblingResult(token=best, accepted=torch.where(hit.any(-1), hit.long().argmax(-1), -1))
 
 
-def _recursive_choice(p_c: torch.Tensor, total: torch.Tensor, c: torch.Tensor, valid: torch.Tensor,
-                      coins: torch.Tensor) -> torch.Tensor:
+def _recursive_choice(p_c, total, c, valid, coins):
     """Recursive rejection's decisions for all m candidates at once. p_c: [B, m] p at each
-    candidate, total: [B] p's sum, c, valid, coins: [B, m] -> [B] the first accepted, -1 none.
+    candidate, total: [B] p's sum, c, valid, coins: [B, m] -> [B] the first accepted, -1 none
+    (torch tensors, or numpy arrays: the host's tree walk).
 
     Candidate j meets r_j, p with the refused c_0 .. c_{j-1} zeroed (unnormalised), and is
     accepted when coins_j sum(r_j) < r_j(c_j). Whether j is reached does not change r_j, so
     every test is made at once from p at the candidates: a candidate repeating an earlier valid
     one has r_j(c_j) = 0, and each distinct refused token takes its p off the mass once."""
-    m = c.shape[1]
-    earlier = torch.ones(m, m, dtype=torch.bool, device=c.device).tril(-1)  # [m, m]: i < j
+    earlier = np.tri(c.shape[1], k=-1, dtype=bool)  # [m, m] earlier[j, i]: i < j
+    if isinstance(c, torch.Tensor):
+        earlier = torch.from_numpy(earlier).to(c.device)
     repeat = ((c[:, :, None] == c[:, None, :]) & valid[:, None, :] & earlier).any(-1)  # [B, m]
     p_c = p_c * (valid & ~repeat)  # [B, m] r_j(c_j): what each candidate takes off when refused
     mass = total[:, None] - (p_c.cumsum(-1) - p_c)  # [B, m] sum(r_j)
-    take = (p_c > 0) & (coins * mass < p_c)  # [B, m]
-    return torch.where(take.any(-1), take.long().argmax(-1), -1)
+    return _first((p_c > 0) & (coins * mass < p_c))
 
 
 @dataclass(frozen=True)
@@ -221,12 +223,15 @@ def verify_trees(
         return []
     if impl == "triton":
         return _verify_trees_kernel(rule, target_probs, node_tokens, trees, generator, threshold_single, threshold_acc)
+    _check_sibling_rule(rule, threshold_single, threshold_acc)
     device = target_probs.device
     D = max(t.host.levels for t in trees)
     Z = max(1, max(t.child_table.shape[1] for t in trees))
     table = np.full((A, max(sizes), Z), -1, dtype=np.int64)  # [A, N, Z] children in try order
     for a, t in enumerate(trees):  # numpy: no torch dispatch per tree
         table[a, : sizes[a], : t.child_table.shape[1]] = t.host.child_table
+    if rule != "greedy":
+        return _walk_sampled(rule, target_probs, node_tokens, table, D, generator, threshold_single, threshold_acc)
     table = torch.from_numpy(table).to(device)
     rows = torch.arange(A, device=device)
     node = torch.zeros(A, dtype=torch.int64, device=device)  # [A] each walk's current node
@@ -235,38 +240,78 @@ def verify_trees(
     path = torch.full((A, D + 1), -1, dtype=torch.int64, device=device)
     path[:, 0] = 0
     emitted = torch.full((A, D + 1), -1, dtype=torch.int64, device=device)
-    best = target_probs.argmax(-1) if rule == "greedy" else None  # [A, q]: one pass over V, not one a level
-    # Sampled rules decide level by level and draw the token of the level where a walk stops
-    # (a refusal's recovered token, or a leaf's bonus) once, for every walk, after the loop.
-    stop_level = torch.zeros(A, dtype=torch.int64, device=device)  # [A]
-    stop_candidates = torch.full((A, Z), -1, dtype=torch.int64, device=device)  # [A, Z]
+    best = target_probs.argmax(-1)  # [A, q]: one pass over V, not one a level
     for level in range(D + 1):  # the walks at depth `level`; at D every one is at a leaf or done
         children = table[rows, node]  # [A, Z]
         candidates = torch.where(children >= 0, node_tokens.gather(1, children.clamp(min=0)), -1)
-        if best is not None:
-            result = _greedy_siblings(best[rows, node], candidates)
-            accepted = result.accepted
-            emitted[:, level] = torch.where(going, result.token, -1)
-        else:
-            accepted = _sibling_choice(rule, target_probs[rows, node], candidates, generator,
-                                       threshold_single, threshold_acc)  # [A]
-            stops = going & (accepted < 0)
-            stop_level = torch.where(stops, level, stop_level)
-            stop_candidates = torch.where(stops[:, None], candidates, stop_candidates)
-            emitted[:, level] = torch.where(going & ~stops, candidates[rows, accepted.clamp(min=0)], -1)
+        result = _greedy_siblings(best[rows, node], candidates)
+        emitted[:, level] = torch.where(going, result.token, -1)
         tried += going & (children[:, 0] >= 0)  # a leaf's level tests nothing
-        going &= accepted >= 0
+        going &= result.accepted >= 0
         if level < D:
-            node = torch.where(going, children[rows, accepted.clamp(min=0)], node)
+            node = torch.where(going, children[rows, result.accepted.clamp(min=0)], node)
             path[:, level + 1] = torch.where(going, node, -1)
-    if best is None:  # every walk stopped once, at `node`
-        emitted[rows, stop_level] = _recovered(target_probs[rows, node], stop_candidates, generator)
-    host = torch.cat([path, emitted, tried[:, None]], 1).tolist()  # [A, 2D + 3], the one sync
+    return _tree_results(torch.cat([path, emitted, tried[:, None]], 1).tolist(), D)  # [A, 2D + 3], the one sync
+
+
+def _tree_results(host: list, D: int) -> list[TreeResult]:
+    """Each walk's row [path (D + 1, -1 after its end), emitted (D + 1), tried] -> its TreeResult."""
     results = []
     for row in host:
         walked = [n for n in row[: D + 1] if n >= 0]
         results.append(TreeResult(path=walked, tokens=row[D + 1 : D + 1 + len(walked)], tried=row[-1]))
     return results
+
+
+def _walk_sampled(rule, target_probs, node_tokens, table: np.ndarray, D: int, generator,
+                  threshold_single: float, threshold_acc: float) -> list[TreeResult]:
+    """verify_trees under a sampled rule: everything a walk can read, at every node, comes to
+    the host in one copy (p at each node's children [A, N, Z], p's sums [A, N], the coins of
+    every level), the A walks go down their trees in numpy, a level at a time, and the token of
+    the level where each walk stops (recovered, or a leaf's bonus) is drawn on the device for
+    all of them at once: two synchronisations and about 15 device operations a round, however
+    deep and wide the trees. table: [A, N, Z] each node's children in try order, -1 after them."""
+    device = target_probs.device
+    A, N, Z = table.shape
+    kids = torch.from_numpy(table).to(device)  # [A, N, Z]
+    tokens = node_tokens.gather(1, kids.clamp(min=0).view(A, N * Z)).view(A, N, Z)  # [A, N, Z] the children's tokens
+    p = target_probs[:, :N]  # [A, N, V]
+    recursive = rule in ("onehot", "standard")  # a coin per candidate, else one a level
+    coins = torch.rand((A, D + 1, Z) if recursive else (A, D + 1), generator=generator, device=device)
+    packed = torch.cat([p.gather(-1, tokens).flatten(1).double(), p.sum(-1).double(), coins.flatten(1).double(),
+                        tokens.flatten(1).double()], 1).cpu().numpy()  # token ids are exact in float64
+    p_c, total, coins, tokens = np.split(packed, np.cumsum([N * Z, N, coins[0].numel()]), axis=1)
+    p_c, coins, tokens = p_c.reshape(A, N, Z), coins.reshape(A, D + 1, -1), tokens.reshape(A, N, Z).astype(np.int64)
+
+    ar = np.arange(A)
+    node = np.zeros(A, dtype=np.int64)  # [A] each walk's current node
+    going = np.ones(A, dtype=bool)
+    tried = np.zeros(A, dtype=np.int64)
+    stop_level = np.zeros(A, dtype=np.int64)
+    path = np.full((A, D + 1), -1, dtype=np.int64)
+    path[:, 0] = 0
+    emitted = np.full((A, D + 1), -1, dtype=np.int64)
+    for level in range(D + 1):  # the walks at depth `level`; at D every one is at a leaf or done
+        children = table[ar, node]  # [A, Z]
+        valid = children >= 0
+        if recursive:
+            accepted = _recursive_choice(p_c[ar, node], total[ar, node], tokens[ar, node], valid, coins[:, level])
+        else:
+            accepted = _target_only_choice(p_c[ar, node] * valid, coins[:, level, 0], threshold_single, threshold_acc)
+        stops = going & (accepted < 0)
+        stop_level[stops] = level
+        kept = going & ~stops
+        emitted[kept, level] = tokens[ar, node, accepted.clip(min=0)][kept]
+        tried += going & valid[:, 0]  # a leaf's level tests nothing
+        going = kept
+        if level < D:
+            node = np.where(going, children[ar, accepted.clip(min=0)], node)
+            path[:, level + 1] = np.where(going, node, -1)
+    # every walk stopped once, at `node`: the refused candidates there (none at a leaf) are zeroed
+    stop = torch.from_numpy(np.where(table[ar, node] >= 0, tokens[ar, node], -1)).to(device)  # [A, Z]
+    rows, at = torch.arange(A, device=device), torch.from_numpy(node).to(device)
+    emitted[ar, stop_level] = _recovered(target_probs[rows, at], stop, generator).cpu().numpy()
+    return _tree_results(np.concatenate([path, emitted, tried[:, None]], 1).tolist(), D)
 
 
 # --- temperature 0 on the host: the runner's greedy rounds, from one copy of the argmaxes --------

@@ -227,7 +227,8 @@ def test_siblings_exact_cases():
 def test_recursive_rejection_decides_each_candidate_as_the_sequential_walk_does():
     """_recursive_choice makes the m tests at once; the definition walks the candidates one by
     one, zeroing each refused one in a residual over V. Seed 10, 2,000 rows of 5 candidates
-    over 6 tokens (repeats and -1 padding among them), float64: the same accepted index."""
+    over 6 tokens (repeats and -1 padding among them), float64: the same accepted index, from
+    torch tensors and from numpy arrays (verify_trees' host walk) alike."""
     from specbench.rules import _recursive_choice
 
     g = torch.Generator().manual_seed(10)
@@ -237,7 +238,9 @@ def test_recursive_rejection_decides_each_candidate_as_the_sequential_walk_does(
     c = torch.randint(0, V, (B, m), generator=g)
     c[torch.rand(B, m, generator=g) < 0.2] = -1
     valid, coins = c >= 0, torch.rand(B, m, generator=g, dtype=torch.float64)
-    got = _recursive_choice(p.gather(-1, c.clamp(min=0)), p.sum(-1), c.clamp(min=0), valid, coins)
+    args = (p.gather(-1, c.clamp(min=0)), p.sum(-1), c.clamp(min=0), valid, coins)
+    got = _recursive_choice(*args)
+    assert got.tolist() == _recursive_choice(*(x.numpy() for x in args)).tolist()  # the host walk's numpy form
     for b in range(B):
         residual, want = p[b].clone(), -1
         for j in range(m):
@@ -249,6 +252,21 @@ def test_recursive_rejection_decides_each_candidate_as_the_sequential_walk_does(
             residual[c[b, j]] = 0.0
         assert int(got[b]) == want, (b, c[b].tolist(), p[b].tolist())
     assert (got >= 0).any() and (got < 0).any() and (got >= 2).any()
+
+
+def test_target_only_choice_is_the_same_on_numpy_and_torch():
+    """verify_trees' host walk runs SGLang's per-level test on numpy arrays (seed 11, 1,000
+    levels of 4 candidates, some without mass, thresholds 1 and relaxed)."""
+    from specbench.rules import _target_only_choice
+
+    g = torch.Generator().manual_seed(11)
+    p_c = torch.rand(1000, 4, generator=g, dtype=torch.float64) / 4
+    p_c[torch.rand(1000, 4, generator=g) < 0.3] = 0.0
+    coin = torch.rand(1000, generator=g, dtype=torch.float64)
+    for single, acc in ((1.0, 1.0), (0.2, 0.5)):
+        want = _target_only_choice(p_c, coin, single, acc)
+        assert want.tolist() == _target_only_choice(p_c.numpy(), coin.numpy(), single, acc).tolist()
+        assert (want >= 0).any() and (want < 0).any()
 
 
 def test_siblings_tree_of_three_is_lossless_and_accepts_their_mass():
