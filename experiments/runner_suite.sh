@@ -11,6 +11,9 @@
 #   eagle3_b8  eagle3 at batch 8, T = 0.7 alone (a re-run)
 #   trees      eagle3 and draft_model (TREE_DRAFTERS) drafting +tree=sglang_5_4_8 (k = 5, topk 4,
 #              8 nodes verified) at batch 1, 8 and 48, temperature 0 (TREE_TEMPS)
+#   profiles   experiments/round_profile.py (where a round's time goes, phase by phase) on the
+#              control (a = 0.8, k = 4) and on ngram at MT-Bench batch 48, into OUT/profiles/NAME
+#              (round_profile.json and its log; the Chrome traces are dropped: too big to fetch)
 # TEMPS (default 0,0.7) and DRAFTERS (default all five) narrow `real`; SYN_RATES (default
 # "0.6 0.7 0.8 0.9") `synthetic`; SAMPLING_BATCHES (default "1 8 48") `sampling`: a re-run of
 # what a device call's limit cut.
@@ -84,6 +87,18 @@ if [[ $parts == *" trees "* ]]; then
   }
   trees 1,8 16
   trees 48 48
+fi
+if [[ $parts == *" profiles "* ]]; then
+  profile() {  # $1: the name, then the job's overrides
+    local name=$1
+    shift
+    echo "== profile $name $*" | tee -a "$log"
+    "$py" "$(dirname "$0")/round_profile.py" "$out/profiles/$name" "$@" "${engine[@]}" "${t[@]}" 2>&1 | quiet
+    rm -f "$out/profiles/$name"/*.trace.json
+  }
+  profile synthetic +drafter=synthetic "drafter.acceptance_rates=[0.8]" k=4 dataset.num_prompts=2 max_new_tokens=96
+  # its drafting took 27.7 ms a round on an H100 host at 1d7f320 (HumanEval's: 2.9), unexplained
+  profile ngram_mt_bench_b48 +drafter=ngram k=4 batch_size=48 dataset=mt_bench dataset.num_prompts=48 max_new_tokens=48
 fi
 if [[ $parts == *" sampling "* ]]; then
   for dataset in mt_bench humaneval; do

@@ -198,6 +198,29 @@ def test_runner_suite_reruns_the_control_rates_and_sampling_batches_it_is_given(
     assert all("batch_size=48 " in s for s in sweeps[1:])
 
 
+def test_runner_suite_profiles_the_control_and_ngram_at_batch_48(tmp_path):
+    """PARTS=profiles runs experiments/round_profile.py twice, into OUT/profiles/NAME, with the
+    engine arguments and the target path of the suite, and drops the traces it wrote."""
+    fake = tmp_path / "py"
+    fake.write_text(
+        "#!/usr/bin/env bash\n"
+        'if [ "$2" = "specbench.datasets" ]; then exit 0; fi\n'
+        f'case "$1" in *round_profile.py) echo "$*" >> {tmp_path}/profiles; mkdir -p "$2"; touch "$2/baseline.trace.json"; exit 0;; esac\n'
+        "cat > /dev/null\n"
+    )
+    fake.chmod(0o755)
+    script = Path(__file__).resolve().parents[1] / "experiments" / "runner_suite.sh"
+    proc = subprocess.run(["bash", str(script), str(tmp_path / "out"), "/models/m.gguf"],
+                          env={**os.environ, "PYTHON": str(fake), "PARTS": "profiles"}, capture_output=True, text=True,
+                          timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    calls = (tmp_path / "profiles").read_text().splitlines()
+    assert [c.split()[1] for c in calls] == [str(tmp_path / "out" / "profiles" / n) for n in ("synthetic", "ngram_mt_bench_b48")]
+    assert "+drafter=synthetic" in calls[0] and "batch_size=48 dataset=mt_bench" in calls[1]
+    assert all("engine.compile=true" in c and c.endswith("target.path=/models/m.gguf") for c in calls)
+    assert not list((tmp_path / "out" / "profiles").rglob("*.trace.json"))
+
+
 
 def test_round_profile_cuts_every_round_where_the_runner_clocks_it(tiny_checkpoint, tmp_path):
     """experiments/round_profile.py on the synthetic control (CPU: host operations, no kernels):
