@@ -200,12 +200,12 @@ def verify_trees(
 
     target_probs: [A, q, V]; node_tokens: [A, q] (column 0 each request's root); trees: A
     specbench.tree.TreeBuffers, request a's with m_a <= q nodes (its rows past m_a are not read).
-    impl="torch": D + 1 rounds of `verify_siblings`' decisions over all A requests (D the deepest
-    tree), each request at its current node with its children as the candidates; one copy to the host at the
-    end. A leaf has no candidates, so its row's draw is the bonus token from p. Each level draws
-    its coins [A, ...] from `generator` for every request, still walking or not; the token of
-    the level where each walk stops (recovered, or a leaf's bonus) is drawn once, after the walk
-    (a per-level draw over V, which the walks past it discarded, cost D + 1 of them).
+    impl="torch": D + 1 levels (D the deepest tree), each request at its current node with its
+    children as the candidates, as `verify_siblings` decides them. Greedy: on the device, one
+    copy to the host at the end. Sampled rules: `_walk_sampled`, the walks in numpy from one
+    copy of p at every node's children and every level's coins [A, D + 1, ...] (drawn for every
+    request, still walking or not); the token of the level where each walk stops (recovered, or
+    a leaf's bonus: a leaf has no candidates) is drawn once for all, on the device.
     impl="triton": every tree in one kernel launch (specbench.kernels.tree), the trees padded to
     the most nodes, on coins [A, D] and noise [A, V] drawn once for the batch.
     Both impls give the same law, and the same tokens under greedy, but not the same draws from a
@@ -269,7 +269,7 @@ def _walk_sampled(rule, target_probs, node_tokens, table: np.ndarray, D: int, ge
     the host in one copy (p at each node's children [A, N, Z], p's sums [A, N], the coins of
     every level), the A walks go down their trees in numpy, a level at a time, and the token of
     the level where each walk stops (recovered, or a leaf's bonus) is drawn on the device for
-    all of them at once: two synchronisations and about 15 device operations a round, however
+    all of them at once: two synchronisations and about 20 device operations a round, however
     deep and wide the trees. table: [A, N, Z] each node's children in try order, -1 after them."""
     device = target_probs.device
     A, N, Z = table.shape
