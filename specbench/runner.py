@@ -83,11 +83,12 @@ class _Request:
 
 
 class _Histories(Sequence):
-    """DraftState.tokens of a round's requests: each history's tensor view [n] is made when a
-    drafter reads it, so that the drafters that read `host` (numpy) dispatch nothing per request."""
+    """DraftState.tokens (or, with features=True, .features) of a round's requests: each
+    request's tensor view, history [n] or features [n - 1, D], is made when a drafter reads it,
+    so that the drafters that read `host` (numpy) or `feature_buffer` dispatch nothing per request."""
 
-    def __init__(self, reqs: list):
-        self._reqs = reqs
+    def __init__(self, reqs: list, features: bool = False):
+        self._reqs, self._features = reqs, features
 
     def __len__(self) -> int:
         return len(self._reqs)
@@ -96,7 +97,7 @@ class _Histories(Sequence):
         if isinstance(b, slice):
             return [self[i] for i in range(*b.indices(len(self)))]
         r = self._reqs[b]
-        return r.history[: r.n]
+        return r.features[: r.n - 1] if self._features else r.history[: r.n]
 
 
 class _Batch:
@@ -222,7 +223,8 @@ def decode_requests(
         if spec is not None:
             proposal = spec.drafter.propose(DraftState(
                 tokens=_Histories(reqs), k=k, topk=spec.topk, num_draft_tokens=spec.num_draft_tokens,
-                features=[r.features[: r.n - 1] for r in reqs] if engine.feature_layers else None,
+                features=_Histories(reqs, features=True) if engine.feature_layers else None,
+                feature_buffer=batch.features, feature_rows=tuple(rows),
                 request_ids=tuple(r.index for r in reqs), host=[r.written[: r.n] for r in reqs],
             ))
             num = proposal.num_tokens.tolist()

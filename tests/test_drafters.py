@@ -568,6 +568,32 @@ def test_eagle_chains_in_the_runner_read_new_pairs_only_over_one_attention_shape
 
 
 @pytest.mark.parametrize("name", EAGLE_KINDS)
+def test_eagle_chains_gather_new_features_from_the_runners_buffer(name, target, head_dirs):
+    """Given the runner's feature buffer (DraftState.feature_buffer, a row per request, rows out
+    of batch order), the batched chains read each request's new pairs from it with one gather,
+    and propose what they propose from the per-request feature list. The list handed beside
+    the buffer is zeros here, so equal drafts mean the buffer was read, over two rounds (the
+    second reads only what each request gained)."""
+    histories = {7: PROMPTS[0], 3: torch.tensor([0, 9, 10, 4]), 11: torch.cat([PROMPTS[2], PROMPTS[1]])}
+    order, buffer_rows, k = (7, 3, 11), (2, 0, 3), 3
+    plain, gathered = (EagleDrafter(name, head_dirs[name], "greedy", GREEDY) for _ in range(2))
+    for drafter in (plain, gathered):
+        drafter.attach(target, rows=3, max_length=64)
+    for accepted in ({7: 1, 3: 0, 11: 2}, None):
+        tokens = [histories[i] for i in order]
+        features = features_of(target, tokens, plain.feature_layers)  # B x [T_b - 1, D]
+        buffer = features[0].new_full((4, 64, features[0].shape[-1]), float("nan"))  # unread slots: nan
+        for row, f in zip(buffer_rows, features):
+            buffer[row, : f.shape[0]] = f
+        want = plain.propose(DraftState(tokens=tokens, k=k, features=features, request_ids=order))
+        got = gathered.propose(DraftState(tokens=tokens, k=k, features=[torch.zeros_like(f) for f in features],
+                                          feature_buffer=buffer, feature_rows=buffer_rows, request_ids=order))
+        assert got.tokens.tolist() == want.tokens.tolist()
+        if accepted is not None:
+            grow_histories(histories, want, order, accepted)
+
+
+@pytest.mark.parametrize("name", EAGLE_KINDS)
 def test_a_probabilistic_eagle_batch_returns_the_distributions_it_sampled(name, target, head_dirs):
     """Batched probabilistic EAGLE chains: q [B, k, V] float32, rows summing to 1, every token
     drawn from its q, and each request's q is the head's distribution after its history and its

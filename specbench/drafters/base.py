@@ -32,7 +32,12 @@ class DraftState:
     num_draft_tokens: Optional[int] = None  # tree nodes including the root; None: k * topk + 1
     # B x [T_b - 1, D] the target's features at every verified position (drafters that declare
     # `feature_layers`), None for the others. Row t is the target's state after reading token t.
-    features: Optional[list[torch.Tensor]] = None
+    features: Optional[Sequence[torch.Tensor]] = None
+    # The same features in one buffer, where the runner keeps them: request b's are
+    # feature_buffer[feature_rows[b], : T_b - 1] ([rows, room, D]), for a drafter that gathers
+    # every request's new ones at once; None where the caller has no such buffer.
+    feature_buffer: Optional[torch.Tensor] = None
+    feature_rows: tuple = ()
     request_ids: tuple = ()  # B ids, stable over a request's rounds (cross-request drafters)
     # B x [T_b] int64 numpy: the same histories as `tokens`, in the same memory. The runner keeps
     # them per request, so that host-side drafters read them with no torch dispatch per request.

@@ -167,10 +167,22 @@ class EagleChain(RowCache):
         inputs[flat] = np.concatenate([h[keep + 1 :] for h, keep in zip(histories, keeps)])
         last = np.maximum(R_counts - 1, 0)  # [R] each row's last real input
         synced = starts + R_counts  # [R] lengths after the sync: the drafts are written from there
+        # Where each real input's feature is in the runner's buffer (when it gives one): request
+        # b's pairs keep .. keep + count - 1 of its buffer row.
+        buffer = state.feature_buffer
+        source = []
+        if buffer is not None:
+            keeps_n = np.asarray(keeps, dtype=np.int64)
+            at = np.arange(flat.shape[0]) - np.repeat(counts_n.cumsum() - counts_n, counts_n)  # [sum counts] j
+            source = [np.repeat(np.asarray(state.feature_rows, dtype=np.int64), counts_n), np.repeat(keeps_n, counts_n) + at]
         # One host-to-device copy for every index the round builds on the CPU.
-        packed = torch.from_numpy(np.concatenate([starts, inputs, flat, last, rows_n, synced])).to(device)
-        starts_d, inputs_d, flat_d, last_d, rows_d, synced_d = packed.split([R, R * q, flat.shape[0], R, B, R])
-        features = torch.cat([f[keep:] for f, keep in zip(state.features, keeps)]).to(device)  # [sum counts, D]
+        packed = torch.from_numpy(np.concatenate([starts, inputs, flat, last, rows_n, synced, *source])).to(device)
+        starts_d, inputs_d, flat_d, last_d, rows_d, synced_d, *source_d = packed.split(
+            [R, R * q, flat.shape[0], R, B, R] + [flat.shape[0]] * len(source))
+        if buffer is not None:  # one gather from the buffer for every request
+            features = buffer[source_d[0], source_d[1]].to(device)  # [sum counts, D]
+        else:
+            features = torch.cat([f[keep:] for f, keep in zip(state.features, keeps)]).to(device)  # [sum counts, D]
         padded = features.new_zeros(R * q, features.shape[-1]).index_copy_(0, flat_d, features)
         read = self._read if q <= GRAPHED_WIDTH else self._read.fn
         last_hidden, = read(None, padded.view(R, q, -1), inputs_d.view(R, q), starts_d, last_d)  # [R, H]
