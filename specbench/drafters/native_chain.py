@@ -132,7 +132,7 @@ class NativeChain(RowCache):
         super().__init__()
         self._build, self._rows, self._max_length, self.cuda_graphs = build, rows, max_length, cuda_graphs
         # the draft's layers through torch.compile as the target's are (engine.compile): eager
-        # ones replay about four times the kernels of a compiled layer from their graphs
+        # layers replay every unfused elementwise kernel from their graphs
         self.compile = compile
         self.model = None  # the Transformer, once built
         self.engine = None  # the NativeEngine, once built
