@@ -131,7 +131,7 @@ def _recovered(p: torch.Tensor, candidates: torch.Tensor, generator) -> torch.Te
 def _greedy_siblings(best: torch.Tensor, candidates: torch.Tensor) -> SiblingResult:
     """best: [B] argmax p; candidates: [B, m] (-1 pads) -> the first candidate equal to it."""
     hit = (candidates == best[:, None]) & (candidates >= 0)  # [B, m]
-    return SiblingResult(token=best, accepted=torch.where(hit.any(-1), hit.long().argmax(-1), -1))
+    return SiblingResult(token=best, accepted=_first(hit))
 
 
 def _recursive_choice(p_c, total, c, valid, coins):
@@ -274,12 +274,12 @@ def _walk_sampled(rule, target_probs, node_tokens, table: np.ndarray, D: int, ge
     device = target_probs.device
     A, N, Z = table.shape
     kids = torch.from_numpy(table).to(device)  # [A, N, Z]
-    tokens = node_tokens.gather(1, kids.clamp(min=0).view(A, N * Z)).view(A, N, Z)  # [A, N, Z] the children's tokens
+    kid_tokens = node_tokens.gather(1, kids.clamp(min=0).view(A, N * Z)).view(A, N, Z)  # [A, N, Z] the children's tokens
     p = target_probs[:, :N]  # [A, N, V]
     recursive = rule in ("onehot", "standard")  # a coin per candidate, else one a level
     coins = torch.rand((A, D + 1, Z) if recursive else (A, D + 1), generator=generator, device=device)
-    packed = torch.cat([p.gather(-1, tokens).flatten(1).double(), p.sum(-1).double(), coins.flatten(1).double(),
-                        tokens.flatten(1).double()], 1).cpu().numpy()  # token ids are exact in float64
+    packed = torch.cat([p.gather(-1, kid_tokens).flatten(1).double(), p.sum(-1).double(), coins.flatten(1).double(),
+                        kid_tokens.flatten(1).double()], 1).cpu().numpy()  # token ids are exact in float64
     p_c, total, coins, tokens = np.split(packed, np.cumsum([N * Z, N, coins[0].numel()]), axis=1)
     p_c, coins, tokens = p_c.reshape(A, N, Z), coins.reshape(A, D + 1, -1), tokens.reshape(A, N, Z).astype(np.int64)
 

@@ -37,8 +37,9 @@ class TreeBuffers:
                   identity for one request, b * N + i when B requests are flattened
     child_table:  [N, Z] each node's children in try order, -1 after them (Z the most children
                   of one node): the batched walk's lookup
-    host:         depth, mask and child_table as numpy (the same memory) and the deepest level:
-                  what a batch of trees is assembled from, with no torch dispatch per tree
+    host:         depth, mask and child_table as numpy (the same memory), the deepest level and
+                  each node's children: what a batch of trees is assembled and walked from, with
+                  no torch dispatch per tree
     """
 
     parents: torch.Tensor
@@ -52,7 +53,7 @@ class TreeBuffers:
 
     def children(self, node: int) -> list[int]:
         """Children of a node in try order."""
-        return [c for c in self.child_table[node].tolist() if c >= 0]
+        return list(self.host.children[node])
 
 
 def compile_tree(parents: torch.Tensor, offset: int = 0) -> TreeBuffers:
