@@ -180,10 +180,11 @@ class TreeConfig:
 @dataclass
 class RuleConfig:
     name: str = MISSING
-    # torch | triton: verification in torch (specbench.rules) or in one Triton kernel per round
-    # (specbench.kernels); trees take target_only / thresholded there (SGLang's kernel). At
-    # temperature 0 the runner walks the argmaxes on the host under either.
-    impl: str = "torch"
+    # auto | torch | triton: sampled rounds verified in torch (specbench.rules) or in one Triton
+    # kernel per round (specbench.kernels; trees take target_only / thresholded there, SGLang's
+    # kernel). auto: triton on CUDA where a kernel runs the rule, torch otherwise (the row's
+    # rule_impl says which ran). At temperature 0 the runner walks the argmaxes on the host.
+    impl: str = "auto"
 
 
 @dataclass
@@ -258,7 +259,8 @@ class SpecBenchConfig:
 
 
 RULES = ("standard", "onehot", "target_only", "thresholded")
-IMPLS = ("torch", "triton")  # rule.impl, drafter.impl
+IMPLS = ("torch", "triton")  # drafter.impl, and what rule.impl resolves to
+RULE_IMPLS = ("auto", *IMPLS)  # rule.impl
 
 
 def register() -> None:
@@ -333,8 +335,9 @@ def validate(cfg: DictConfig | SpecBenchConfig) -> None:
 
 
 def _validate_impl(cfg, key: str, impl: str) -> None:
-    if impl not in IMPLS:
-        raise ConfigError(key, impl, f"valid impls: {', '.join(IMPLS)}")
+    valid = RULE_IMPLS if key == "rule.impl" else IMPLS
+    if impl not in valid:
+        raise ConfigError(key, impl, f"valid impls: {', '.join(valid)}")
     if impl == "triton" and importlib.util.find_spec("triton") is None:
         raise ConfigError(key, impl, "needs the triton package (pip install triton, Linux)")
     tree_sampled = proposes_trees(cfg) and cfg.temperature > 0

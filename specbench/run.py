@@ -17,7 +17,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from specbench import graphs, loggers, provenance
-from specbench.config import SERVING_ENGINES, ConfigError, engine_options, to_container, validate
+from specbench.config import SERVING_ENGINES, ConfigError, engine_options, proposes_trees, to_container, validate
 from specbench.datasets import encode_prompts, load_prompts
 from specbench.drafters.draft_model import DraftModelDrafter
 from specbench.drafters.eagle import EagleDrafter
@@ -30,6 +30,7 @@ from specbench.e2e import end_to_end
 from specbench.metrics import RoundClock, SpecStats, summarize
 from specbench.models import check_path, checkpoint_dir, load_target
 from specbench.results import COLUMNS, atomic_write, config_hash, finished_rows, new_run_id, read_json, write_run
+from specbench.rules import resolve_impl, warm_chain_kernel
 from specbench.runner import Speculation, decode_requests
 from specbench.sampling import SamplingParams
 
@@ -125,6 +126,9 @@ def warm_up(engine, inputs, prompts, kw: dict, spec) -> None:
     measured decode uses (a speculative run's verify, and its drafter's), with every row busy."""
     warm = OmegaConf.merge(kw["cfg"], {"max_new_tokens": min(WARMUP_TOKENS, kw["cfg"].max_new_tokens)})
     decode_all(engine, inputs[: engine.rows], prompts[: engine.rows], **{**kw, "cfg": warm}, spec=spec, desc="warm-up")
+    if spec is not None and spec.impl == "triton" and not kw["params"].greedy and not proposes_trees(kw["cfg"]):
+        # the chain kernel's launch shape follows the live rows: compile it for every batch a decode drains through
+        warm_chain_kernel(spec.rule, engine.rows, spec.k, engine.vocab_size, engine.device)
 
 
 @contextlib.contextmanager
@@ -244,8 +248,11 @@ def run(cfg: DictConfig, row: dict) -> tuple[list, list]:
                        cuda_graphs=cfg.engine.cuda_graphs, compile=cfg.engine.name == "native" and cfg.engine.compile)
     device = provenance.device_name(next(model.parameters()).device)
     eos = eos_ids(tokenizer, model)
-    impl = cfg.rule.impl if cfg.rule is not None else "torch"
+    impl = resolve_impl(cfg.rule.impl if cfg.rule is not None else "auto", next(model.parameters()).device, rule,
+                        proposes_trees(cfg))
     spec = Speculation(drafter, rule, cfg.k, rule_params, topk, num_draft_tokens, impl) if drafter is not None else None
+    # what verified the sampled rounds (greedy rounds walk the argmaxes on the host; the control dictates)
+    row["rule_impl"] = impl if spec is not None and not params.greedy and cfg.drafter.name != "synthetic" else None
     kw = dict(cfg=cfg, params=params, eos=eos)
 
     base_file = baseline_path(cfg, device, next(model.parameters()).dtype, len(prompts), row["git_sha"])

@@ -41,7 +41,7 @@ class Speculation:
     rule_params: dict = field(default_factory=dict)  # threshold_single / threshold_acc
     topk: int = 1  # tree shape (specbench.tree); topk = 1 and no num_draft_tokens is a chain
     num_draft_tokens: Optional[int] = None
-    impl: str = "torch"  # rule.impl: sampled rounds' rules in torch, or the Triton kernels of specbench.kernels
+    impl: str = "torch"  # rule.impl resolved (rules.resolve_impl): sampled rounds' rules in torch, or the Triton kernels
 
 
 def _synchronize(device: torch.device) -> None:

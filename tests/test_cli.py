@@ -1,5 +1,6 @@
 """The command line: composition, bad input, single runs and sweeps, on a tiny local checkpoint."""
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -157,6 +158,7 @@ def test_baseline_then_speculative_runs_on_a_local_checkpoint(tiny_checkpoint, t
     assert pd.isna(baseline.drafter) and baseline.tokens_per_round == 1.0 and baseline.status == "ok"
     assert speculative.rule == "target_only" and speculative.k == 3 and speculative.status == "ok"
     assert speculative.greedy_mismatches == 0  # temperature 0: token-for-token the baseline
+    assert pd.isna(speculative.rule_impl)  # greedy rounds walk the argmaxes on the host: no rule impl ran
     assert speculative.speedup > 0 and speculative.new_tokens == baseline.new_tokens
     assert len(speculative.accept_pos) == 3
     assert speculative.graph_captures == 0 and speculative.baseline_graph_captures == 0  # no graphs on a CPU
@@ -190,8 +192,20 @@ def test_sweep_records_a_failed_job_and_goes_on(tiny_checkpoint, tmp_path):
     assert rows.status.tolist() == ["failed", "ok"]
     assert rows.error.iloc[0] == "k=0: must be >= 1"
     assert rows.rule.iloc[1] == "standard"  # a drafter without a rule
+    assert rows.rule_impl.iloc[1] == "torch"  # rule.impl=auto on a CPU
     assert rows.greedy_mismatches.isna().iloc[1]  # only defined at temperature 0
     assert "tokens_per_round" in proc.stdout  # the summary table
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="the dev extra installs triton on Linux")
+def test_a_kernel_impl_verifies_sampled_rounds_and_the_row_says_so(tiny_checkpoint, tmp_path):
+    """rule.impl=triton through the CLI (Triton's interpreter on a CPU): a batched sampled run,
+    its warm-up warming the chain kernel too, ends ok, and the row names the impl that ran."""
+    proc = cli(*tiny(tiny_checkpoint, tmp_path, "+drafter=ngram", "drafter.min_n=1", "k=2", "batch_size=2",
+                     "temperature=0.8", "+rule=onehot", "rule.impl=triton"))
+    assert proc.returncode == 0, proc.stderr
+    row = load_results(tmp_path).iloc[0]
+    assert row.status == "ok" and row.rule_impl == "triton" and row.new_tokens == 24
 
 
 def test_distcheck_adds_its_columns_to_the_row(tiny_checkpoint, tmp_path):

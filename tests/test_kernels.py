@@ -30,7 +30,7 @@ from specbench.config import ConfigError, NgramConfig, register, validate
 from specbench.drafters.base import DraftState
 from specbench.drafters.ngram import NgramDrafter, ngram_propose_batch
 from specbench.distcheck import power
-from specbench.rules import verify_chain, verify_tree, verify_trees
+from specbench.rules import resolve_impl, verify_chain, verify_tree, verify_trees, warm_chain_kernel
 from specbench.tree import chain_parents, compile_tree, with_root
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -447,7 +447,8 @@ def cfg_of(*overrides):
 
 
 def test_impl_is_chosen_in_config():
-    assert cfg_of("+drafter=ngram", "+rule=onehot").rule.impl == "torch"
+    assert cfg_of("+drafter=ngram", "+rule=onehot").rule.impl == "auto"
+    assert cfg_of("+drafter=ngram", "+rule=onehot").drafter.impl == "torch"
     for overrides in (["rule.impl=triton"], ["drafter.impl=triton"]):
         cfg = cfg_of("+drafter=ngram", "+rule=thresholded", *overrides)
         if HAS_TRITON:
@@ -458,11 +459,42 @@ def test_impl_is_chosen_in_config():
     for key in ("rule", "drafter"):
         with pytest.raises(ConfigError) as e:
             validate(cfg_of("+drafter=ngram", "+rule=onehot", f"{key}.impl=bogus"))
-        assert str(e.value) == f"{key}.impl=bogus: valid impls: torch, triton"
+        assert str(e.value) == f"{key}.impl=bogus: valid impls: {'auto, ' if key == 'rule' else ''}torch, triton"
+    with pytest.raises(ConfigError, match=r"^drafter.impl=auto: valid impls: torch, triton$"):
+        validate(cfg_of("+drafter=ngram", "drafter.impl=auto"))  # auto is the rule's alone
     with pytest.raises(ConfigError, match=r"^drafter.impl=cuda: valid impls"):
         NgramDrafter(1, 3, impl="cuda")
     with pytest.raises(ValueError, match=r"^impl=cuda: valid impls"):
         verify_chain("onehot", P.expand(1, 2, 6), torch.tensor([[1]]), impl="cuda")
+
+
+def test_auto_impl_takes_the_kernel_where_it_runs_the_round(monkeypatch):
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    assert resolve_impl("auto", cpu, "standard", trees=False) == "torch"
+    for rule in ("standard", "onehot", "target_only", "thresholded"):
+        assert resolve_impl("auto", cuda, rule, trees=False) == ("triton" if HAS_TRITON else "torch")
+    # the tree kernel walks SGLang's target-only rule only
+    assert resolve_impl("auto", cuda, "standard", trees=True) == "torch"
+    assert resolve_impl("auto", cuda, "onehot", trees=True) == "torch"
+    assert resolve_impl("auto", cuda, "target_only", trees=True) == ("triton" if HAS_TRITON else "torch")
+    assert resolve_impl("torch", cuda, "onehot", trees=False) == "torch"  # a named impl is kept
+    assert resolve_impl("triton", cpu, "onehot", trees=False) == "triton"
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)  # no triton installed
+    assert resolve_impl("auto", cuda, "onehot", trees=False) == "torch"
+    with pytest.raises(ValueError, match=r"^impl=auto: valid impls: torch, triton \(resolve auto"):
+        verify_chain("onehot", P.expand(1, 2, 6), torch.tensor([[1]]), impl="auto")
+
+
+@needs_triton
+def test_warming_the_chain_kernel_compiles_every_launch_shape_a_batch_drains_through():
+    """The chain kernel's launch shape follows the live rows (vocab.launch_shape). Warming for
+    up to 6 rows at V = 300 runs each distinct shape once per variant of q."""
+    from specbench.kernels.vocab import launch_shape
+
+    shapes = {launch_shape(A, 300, torch.device(DEVICE), None, None) for A in range(1, 7)}
+    assert len(shapes) >= 2  # the case this warms for: draining changes the shape
+    assert warm_chain_kernel("onehot", 6, 2, 300, torch.device(DEVICE)) == len(shapes)
+    assert warm_chain_kernel("standard", 6, 2, 300, torch.device(DEVICE)) == 2 * len(shapes)  # with q, and as onehot
 
 
 @needs_triton
