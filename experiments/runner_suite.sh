@@ -13,7 +13,7 @@
 #              8 nodes verified) at batch 1, 8 and 48, temperature 0 (TREE_TEMPS)
 #   profiles   experiments/round_profile.py (where a round's time goes, phase by phase) on the
 #              control (a = 0.8, k = 4) and on ngram at MT-Bench batch 48, into OUT/profiles/NAME
-#              (round_profile.json and its log; the Chrome traces are dropped: too big to fetch)
+#              (round_profile.json and its log; the Chrome traces and the job's results folder are dropped)
 # TEMPS (default 0,0.7) and DRAFTERS (default all five) narrow `real`; SYN_RATES (default
 # "0.6 0.7 0.8 0.9") `synthetic`; SAMPLING_BATCHES (default "1 8 48") `sampling`: a re-run of
 # what a device call's limit cut.
@@ -94,10 +94,11 @@ if [[ $parts == *" profiles "* ]]; then
     shift
     echo "== profile $name $*" | tee -a "$log"
     "$py" "$(dirname "$0")/round_profile.py" "$out/profiles/$name" "$@" "${engine[@]}" "${t[@]}" 2>&1 | quiet
-    rm -f "$out/profiles/$name"/*.trace.json
+    # the traces are too big to fetch; the job's results folder nests too deep for a device call to bring back
+    rm -rf "$out/profiles/$name"/*.trace.json "$out/profiles/$name/results"
   }
   profile synthetic +drafter=synthetic "drafter.acceptance_rates=[0.8]" k=4 dataset.num_prompts=2 max_new_tokens=96
-  # its drafting took 27.7 ms a round on an H100 host at 1d7f320 (HumanEval's: 2.9), unexplained
+  # its drafting took 27.7 ms a round on an H100 at 1d7f320 (the torch search's padding), 0.24 ms at 4e92ceb
   profile ngram_mt_bench_b48 +drafter=ngram k=4 batch_size=48 dataset=mt_bench dataset.num_prompts=48 max_new_tokens=48
 fi
 if [[ $parts == *" sampling "* ]]; then
