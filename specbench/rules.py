@@ -441,9 +441,6 @@ def _check_impl(impl: str) -> None:
         raise ValueError(f"impl={impl}: valid impls: {', '.join(IMPLS)} (resolve auto with resolve_impl)")
 
 
-TREE_KERNEL_RULES = ("target_only", "thresholded")  # the tree kernel walks SGLang's target-only rule
-
-
 def resolve_impl(impl: str, device: torch.device, rule: str, trees: bool) -> str:
     """rule.impl as sampled rounds run it. auto: the Triton kernel where one runs the round (a
     CUDA device, triton installed, and for trees a rule the tree kernel walks), torch otherwise."""
@@ -451,31 +448,21 @@ def resolve_impl(impl: str, device: torch.device, rule: str, trees: bool) -> str
         return impl
     if device.type != "cuda" or importlib.util.find_spec("triton") is None:
         return "torch"
-    return "triton" if not trees or rule in TREE_KERNEL_RULES else "torch"
+    if not trees:
+        return "triton"  # the chain kernel takes every rule
+    from specbench.kernels import tree
+
+    return "triton" if rule in tree.RULES else "torch"
 
 
 def warm_chain_kernel(rule: str, rows: int, k: int, V: int, device: torch.device) -> int:
-    """Compile every variant of the chain kernel that sampled rounds of 1 .. rows live requests
-    launch (its launch shape depends on how many requests share the GPU), on dummy inputs, so
-    that none compiles inside a timed decode when a batch drains. Returns the launches made."""
+    """Compile the chain kernel for sampled rounds of 1 .. rows live requests (kernels.chain.warm),
+    so that none compiles inside a timed decode when a batch drains. A deterministic drafter's
+    standard rounds run as onehot (runner._verify_chain), so standard warms both. Returns the
+    launches made."""
     from specbench.kernels import load
-    from specbench.kernels.vocab import launch_shape
 
-    chain = load("chain", device, "rule.impl")
-    # The kernel's variants differ in q (standard's draft probs) and the launch shape. A
-    # deterministic drafter's standard rounds run as onehot (runner._verify_chain): warm both.
-    rules = ("onehot", "standard") if rule == "standard" else ("onehot",)
-    shapes = {}  # launch shape -> the fewest rows that give it
-    for A in range(rows, 0, -1):
-        shapes[launch_shape(A, V, device, None, None)] = A
-    generator = torch.Generator(device).manual_seed(0)
-    for A in shapes.values():
-        p = torch.full((A, k + 1, V), 1.0 / V, device=device)  # [A, k+1, V]
-        drafts = torch.zeros((A, k), dtype=torch.long, device=device)  # [A, k]
-        uniforms, noise = chain.draw_noise(A, k, V, generator, device)
-        for name in rules:
-            chain.chain_triton(name, p, drafts, p[:, :k] if name == "standard" else None, uniforms, noise)
-    return len(shapes) * len(rules)
+    return load("chain", device, "rule.impl").warm(rows, k, V, device, standard=rule == "standard")
 
 
 def _verify_chain_kernel(rule, target_probs, draft_tokens, draft_probs, generator, threshold_single, threshold_acc) -> VerifyResult:
