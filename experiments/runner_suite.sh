@@ -15,8 +15,9 @@
 #              control (a = 0.8, k = 4) and on ngram at MT-Bench batch 48, into OUT/profiles/NAME
 #              (round_profile.json and its log; the Chrome traces and the job's results folder are dropped)
 # TEMPS (default 0,0.7) and DRAFTERS (default all five) narrow `real`; SYN_RATES (default
-# "0.6 0.7 0.8 0.9") `synthetic`; SAMPLING_BATCHES (default "1 8 48") `sampling`: a re-run of
-# what a device call's limit cut.
+# "0.6 0.7 0.8 0.9") `synthetic`, whose coins are SYN_COINS (default quasi: the rates realised
+# to within 2 %, so that the control times the runner, not the coins' luck); SAMPLING_BATCHES
+# (default "1 8 48") `sampling`: a re-run of what a device call's limit cut.
 # Sizes: SYN_PROMPTS x SYN_TOKENS (default 4 x 96) for the control; TOKENS new tokens (48) for
 # real weights, with 16 prompts at batch 1 and 8 and 48 at batch 48 (every row busy).
 # ENGINE_ARGS (default: engine=native engine.compile=true) picks the target's engine.
@@ -58,10 +59,10 @@ trap stop TERM INT
 "$py" -m specbench.datasets mt_bench humaneval > /dev/null || exit 2  # offline: experiments/carry_datasets.sh
 
 if [[ $parts == *" synthetic "* ]]; then
-  for a in ${SYN_RATES:-0.6 0.7 0.8 0.9}; do
-    run -m +drafter=synthetic "drafter.acceptance_rates=[$a]" k=1,2,3,4,5,6,7,8 \
-        dataset.num_prompts="${SYN_PROMPTS:-4}" max_new_tokens="${SYN_TOKENS:-96}"
-  done
+  # one process for every rate ([0.6],[0.7],...: Hydra sweeps the one-rate lists)
+  rates=$(printf '[%s],' ${SYN_RATES:-0.6 0.7 0.8 0.9})
+  run -m +drafter=synthetic "drafter.acceptance_rates=${rates%,}" drafter.coins="${SYN_COINS:-quasi}" k=1,2,3,4,5,6,7,8 \
+      dataset.num_prompts="${SYN_PROMPTS:-4}" max_new_tokens="${SYN_TOKENS:-96}"
 fi
 real() {  # $1: batch sizes, $2: prompts, then extra overrides
   local batches=$1 prompts=$2
@@ -97,7 +98,7 @@ if [[ $parts == *" profiles "* ]]; then
     # the traces are too big to fetch; the job's results folder nests too deep for a device call to bring back
     rm -rf "$out/profiles/$name"/*.trace.json "$out/profiles/$name/results"
   }
-  profile synthetic +drafter=synthetic "drafter.acceptance_rates=[0.8]" k=4 dataset.num_prompts=2 max_new_tokens=96
+  profile synthetic +drafter=synthetic "drafter.acceptance_rates=[0.8]" drafter.coins=quasi k=4 dataset.num_prompts=2 max_new_tokens=96
   # its drafting took 27.7 ms a round on an H100 at 1d7f320 (the torch search's padding), 0.24 ms at 4e92ceb
   profile ngram_mt_bench_b48 +drafter=ngram k=4 batch_size=48 dataset=mt_bench dataset.num_prompts=48 max_new_tokens=48
 fi

@@ -202,6 +202,7 @@ def _base_row(cfg: DictConfig, run_id: str, chash: str, git_sha: str | None) -> 
         engine=cfg.engine.name, engine_options=engine_options(cfg.engine),
         draft_sample_method=cfg.drafter.get("draft_sample_method") if speculative else None,
         synthetic_rate=_synthetic_rate(cfg),
+        synthetic_coins=cfg.drafter.get("coins") if speculative and cfg.drafter.name == "synthetic" else None,
         **provenance.versions(),
     )
     return row

@@ -90,6 +90,7 @@ def test_misspelt_keys_fail_at_compose_time():
         (["+drafter=draft_model", "drafter.path=/no/draft"], "drafter.path=/no/draft: no such checkpoint"),
         (["+drafter=eagle", "drafter.path=specbench://checkpoints/smollm2_135m/eagle3"], "holds an eagle3 head, not eagle"),
         (["+drafter=synthetic", "drafter.acceptance_rates=[1.5]"], "drafter.acceptance_rates"),
+        (["+drafter=synthetic", "drafter.coins=sobol"], "drafter.coins=sobol: valid coins: random, quasi"),
         (["+tree=chain"], "drafter=None: a tree shape needs a drafter"),
     ],
 )

@@ -176,7 +176,8 @@ def test_runner_suite_stopped_by_timeout_stops_its_sweep_and_collects(tmp_path):
 
 def test_runner_suite_reruns_the_control_rates_and_sampling_batches_it_is_given(tmp_path):
     """SYN_RATES and SAMPLING_BATCHES narrow the synthetic and sampling parts to what a device
-    call's limit cut: one sweep for a = 0.7, and batch 48's two drafting methods per dataset."""
+    call's limit cut: one sweep over a = 0.6 and 0.7 with quasi coins, and batch 48's two
+    drafting methods per dataset."""
     fake = tmp_path / "py"
     fake.write_text(
         "#!/usr/bin/env bash\n"
@@ -186,13 +187,13 @@ def test_runner_suite_reruns_the_control_rates_and_sampling_batches_it_is_given(
     )
     fake.chmod(0o755)
     script = Path(__file__).resolve().parents[1] / "experiments" / "runner_suite.sh"
-    env = {**os.environ, "PYTHON": str(fake), "PARTS": "synthetic sampling", "SYN_RATES": "0.7",
+    env = {**os.environ, "PYTHON": str(fake), "PARTS": "synthetic sampling", "SYN_RATES": "0.6 0.7",
            "SAMPLING_BATCHES": "48"}
     proc = subprocess.run(["bash", str(script), str(tmp_path / "out")], env=env, capture_output=True, text=True,
                           timeout=30)
     assert proc.returncode == 0, proc.stderr
     sweeps = (tmp_path / "sweeps").read_text().splitlines()
-    assert len(sweeps) == 5 and "drafter.acceptance_rates=[0.7]" in sweeps[0]
+    assert len(sweeps) == 5 and "drafter.acceptance_rates=[0.6],[0.7] drafter.coins=quasi " in sweeps[0]
     assert [(s.split("dataset=")[1].split()[0], s.split("draft_sample_method=")[1].split()[0]) for s in sweeps[1:]] == [
         ("mt_bench", "greedy"), ("mt_bench", "probabilistic"), ("humaneval", "greedy"), ("humaneval", "probabilistic")]
     assert all("batch_size=48 " in s for s in sweeps[1:])
