@@ -129,6 +129,13 @@ def block(s: Shape, attention, x, cos, sin, where, k_cache, v_cache, lengths, an
     return project(h, w2, residual=x, kernel=kernels)
 
 
+def prefill_block(*args, **kwargs):
+    """`block` under a code object of its own. Dynamo keys compiled graphs by code object, so
+    the prefill's dynamic-shape graph is never a candidate for a decode or verify shape (whose
+    graphs are compiled per shape: EngineConfig.compile_dynamic)."""
+    return block(*args, **kwargs)
+
+
 class Block(nn.Module):
     def __init__(self, s: Shape):
         super().__init__()
@@ -249,7 +256,8 @@ class NativeEngine:
 
     def __init__(self, model: Transformer, rows: int, max_length: int, *, feature_layers: tuple = (),
                  cuda_graphs: bool = True, compile: bool = False, compile_mode: Optional[str] = None,
-                 compile_scope: str = "layer", compile_dynamic: Optional[bool] = False, kernels: bool = False):
+                 compile_scope: str = "layer", compile_dynamic: Optional[bool] = False, kernels: bool = False,
+                 compile_prefill: bool = True):
         s = model.s
         param = next(model.parameters())
         self.model, self.rows, self.feature_layers = model, rows, tuple(feature_layers)
@@ -267,7 +275,10 @@ class NativeEngine:
         # compile_scope "layer": one layer's graph, reused by every layer (the weights are inputs),
         # quick to compile; "model": the whole forward, which can also fuse across layers and the
         # mask and RoPE tables. compile_dynamic: torch.compile's `dynamic` (EngineConfig says why
-        # False is the default). Prefills run uncompiled.
+        # False is the default). compile_prefill: prefills, whose shapes change with every
+        # prompt, run a copy of the layer compiled with dynamic shapes (one graph for every
+        # length and row count, and one more for a single row); eager they dispatch about 70
+        # host operations a layer. Without it, or without compile, they run eager.
         if compile_scope not in COMPILE_SCOPES:
             raise ValueError(f"compile_scope={compile_scope}: valid scopes: {', '.join(COMPILE_SCOPES)}")
         whole = compile and compile_scope == "model"
@@ -281,6 +292,9 @@ class NativeEngine:
         options = dict(fullgraph=True, mode=compile_mode, dynamic=compile_dynamic)
         self._layer = torch.compile(block, **options) if compile and not whole else block
         self._forward = torch.compile(model.forward, **options) if whole else model.forward
+        prefill = compile and compile_prefill
+        self._prefill_layer = torch.compile(prefill_block, fullgraph=True, dynamic=True) if prefill else block
+        self._prefill_warm = False  # see _warm_prefill
         self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
         self.kernels = kernels  # decode projections through specbench.kernels.gemv (see block)
         # Decode and verify attention: the Triton kernel with kernels on (where it runs: the cache
@@ -315,6 +329,8 @@ class NativeEngine:
         for T in (p.shape[0] for p in prompts):
             if T > self.max_length:
                 raise ValueError(f"a prompt of {T} tokens does not fit the engine's max_length {self.max_length}")
+        if self._prefill_layer is not block and not self._prefill_warm:
+            self._warm_prefill()
         out, group, width = [None] * len(rows), [], 0
         for i in sorted(range(len(rows)), key=rows.__getitem__):
             T = prompts[i].shape[0]
@@ -326,6 +342,24 @@ class NativeEngine:
         if group:
             self._prefill_run(group, rows, prompts, out)
         return out
+
+    def _warm_prefill(self) -> None:
+        """Compile every graph the dynamic-shape prefill will need, before the first request's
+        prefill (a compile is seconds on a GPU: inside a timed decode it would be a stall).
+        Dynamo specialises sizes and offsets of 0 and 1, so one row and several, and a run of
+        rows that starts at row 0 (a cache view at offset 0) and one that does not, are four
+        graphs. The dummy prompts' length equals no size of the engine's tensors, so that no
+        size is tied to it in the graphs (dynamo's duck sizing). Lengths are restored; the rows
+        hold nothing yet."""
+        self._prefill_warm = True
+        sizes = {*self.cache_k.shape, self.rows, *(n for w in self.model.parameters() for n in w.shape)}
+        T = next((t for t in range(5, self.max_length + 1) if t not in sizes), min(2, self.max_length))
+        lengths = self.lengths.clone()
+        dummy = torch.zeros(T, dtype=torch.int64, device=self.device)
+        for first in range(min(2, self.rows)):
+            for n in range(1, min(2, self.rows - first) + 1):
+                self.prefill_rows(list(range(first, first + n)), [dummy] * n)
+        self.lengths.copy_(lengths)
 
     def _prefill_run(self, group: list, rows: list, prompts: list, out: list) -> None:
         """The requests `group` (indices into rows and prompts), whose rows follow one another
@@ -342,7 +376,8 @@ class NativeEngine:
         cache_k, cache_v = (c[:, first : first + n, :, :Tmax] for c in (self.cache_k, self.cache_v))
         logits, features = self.model(
             tokens.to(self.device), self.lengths.new_zeros(n), depth.expand(n, Tmax), ancestors.expand(n, Tmax, Tmax),
-            cache_k, cache_v, self.feature_layers, last=last, attention=sdpa_attention, rope=self.rope_table,
+            cache_k, cache_v, self.feature_layers, last=last, layer=self._prefill_layer, attention=sdpa_attention,
+            rope=self.rope_table,
         )  # [n, V], [n, Tmax, D]
         self.lengths[first : first + n] = last + 1
         for j, i in enumerate(group):

@@ -53,6 +53,9 @@ class EngineConfig:
     # symbolic at a process's second shape, so that a job's kernels depended on the jobs before
     # it in a sweep (a process's first shape alone was specialised).
     compile_dynamic: Optional[bool] = False
+    # with compile: prefills (a shape per prompt) through the layer compiled with dynamic shapes,
+    # its graphs compiled before the first prefill; false: eager (about 70 host operations a layer)
+    compile_prefill: bool = True
     # native on CUDA: decode and verify through Triton kernels (needs triton): one-row projections
     # with the norms, the MLP activation and the residual adds folded in (specbench.kernels.gemv),
     # and RoPE + cache write + attention in one kernel (specbench.kernels.attention)

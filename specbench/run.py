@@ -168,6 +168,7 @@ def build_engine(cfg: DictConfig, model, inputs: list, feature_layers: tuple, sp
         native, cfg.batch_size, longest + cfg.max_new_tokens + q + 1, feature_layers=feature_layers,
         cuda_graphs=cfg.engine.cuda_graphs, compile=cfg.engine.compile, compile_mode=cfg.engine.compile_mode,
         compile_scope=cfg.engine.compile_scope, compile_dynamic=cfg.engine.compile_dynamic, kernels=cfg.engine.kernels,
+        compile_prefill=cfg.engine.compile_prefill,
     )
 
 

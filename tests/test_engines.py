@@ -10,7 +10,7 @@ from conftest import make_engine
 from specbench.drafters.base import DraftProposal, DraftState
 from specbench.drafters.ngram import NgramDrafter
 from specbench.drafters.ngram_trie import NgramTrieDrafter
-from specbench.engines.native import NativeEngine, Transformer
+from specbench.engines.native import NativeEngine, Transformer, block as native_block
 from specbench.runner import Speculation, decode_requests
 from specbench.sampling import SamplingParams
 from specbench.tree import compile_tree
@@ -307,6 +307,35 @@ def test_each_forward_shape_compiles_on_its_own_unless_asked(tiny_model, dynamic
     for q in (1, 2, 3):
         engine.forward(torch.arange(q)[None])
     assert counters["stats"]["unique_graphs"] - before == (3 if dynamic is False else 2)
+
+
+def test_compiled_prefill_matches_eager_in_the_graphs_its_warm_up_compiled(tiny_model):
+    """compile=True prefills through the dynamic-shape layer: runs of one row and of several,
+    from row 0 and from later rows, prompts of 2 to 12 tokens, give eager's logits, cache
+    entries and lengths (fp32, within 1e-5), and compile nothing after the first prefill
+    (its warm-up compiles every graph a later prefill needs). A decode step after them agrees too."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    native = Transformer.from_hf(tiny_model)
+    eager, compiled = NativeEngine(native, 6, 64), NativeEngine(native, 6, 64, compile=True)
+    g = torch.Generator().manual_seed(0)
+    runs = [([0], [5]), ([2, 3], [5, 9]), ([1, 2, 3], [3, 4, 11]), ([5], [3]), ([0, 1, 3], [4, 4, 4]),
+            ([1, 2], [2, 2]), (list(range(6)), [12, 2, 6, 8, 7, 6])]
+    for i, (rows, lens) in enumerate(runs):
+        prompts = [torch.randint(0, tiny_model.config.vocab_size, (n,), generator=g) for n in lens]
+        for want, got in zip(eager.prefill_rows(rows, prompts), compiled.prefill_rows(rows, prompts)):
+            assert rel(got, want) < 1e-5
+        for row, n in zip(rows, lens):
+            for cache in ("cache_k", "cache_v"):
+                assert rel(getattr(compiled, cache)[:, row, :, :n], getattr(eager, cache)[:, row, :, :n]) < 1e-5
+        assert compiled.length == eager.length
+        if i == 0:
+            graphs = counters["stats"]["unique_graphs"]
+    assert counters["stats"]["unique_graphs"] == graphs
+    step = torch.randint(0, tiny_model.config.vocab_size, (6, 3), generator=g)
+    assert rel(compiled.forward(step), eager.forward(step)) < 1e-5
+    assert NativeEngine(native, 6, 64, compile=True, compile_prefill=False)._prefill_layer is native_block
 
 
 def test_unknown_compile_scope_is_refused(tiny_model):
