@@ -251,6 +251,11 @@ class SpecBenchConfig:
     max_new_tokens: int = 64
     seed: int = 0
     batch_size: int = 1
+    # before each timed decode (the baseline's and the speculative one), untimed: "full" decodes
+    # every prompt as the timed decode will (so the first job of a process pays no one-time
+    # cost inside its numbers; a short warm-up left TPOT 2.2 x a later job's at batch 8 on an
+    # H100, results/2026-12-06-h100), "short" the first batch_size prompts for 8 tokens
+    warmup: str = "full"
     results_dir: str = "results/local"
     resume: bool = True  # skip a run whose config_hash already has an "ok" row in results_dir
     logger: LoggerConfig = field(default_factory=LoggerConfig)
@@ -314,6 +319,8 @@ def validate(cfg: DictConfig | SpecBenchConfig) -> None:
         raise ConfigError("max_new_tokens", cfg.max_new_tokens, "must be >= 1")
     if cfg.batch_size < 1:
         raise ConfigError("batch_size", cfg.batch_size, "must be >= 1")
+    if cfg.warmup not in WARMUPS:
+        raise ConfigError("warmup", cfg.warmup, f"valid warm-ups: {', '.join(WARMUPS)}")
     if cfg.engine.name not in ENGINES:
         raise ConfigError("engine", cfg.engine.name, f"valid engines: {', '.join(ENGINES)}")
     if cfg.engine.get("compile_scope", "layer") not in ("layer", "model"):
@@ -351,6 +358,7 @@ def _validate_impl(cfg, key: str, impl: str) -> None:
         raise ConfigError(key, impl, f"the tree kernel is SGLang's target-only walk: use rule target_only or thresholded, not {cfg.rule.name}")
 
 
+WARMUPS = ("full", "short")
 CHAIN_DRAFTERS = ("ngram", "synthetic")  # propose chains only
 
 

@@ -121,11 +121,18 @@ def decode_all(engine, inputs, prompts, *, cfg, params, eos, spec, desc) -> tupl
 
 
 def warm_up(engine, inputs, prompts, kw: dict, spec) -> None:
-    """A short decode of the first engine.rows prompts, excluded from every number: first-call
-    allocations, kernel selection, compilation and CUDA-graph capture of every forward shape the
-    measured decode uses (a speculative run's verify, and its drafter's), with every row busy."""
-    warm = OmegaConf.merge(kw["cfg"], {"max_new_tokens": min(WARMUP_TOKENS, kw["cfg"].max_new_tokens)})
-    decode_all(engine, inputs[: engine.rows], prompts[: engine.rows], **{**kw, "cfg": warm}, spec=spec, desc="warm-up")
+    """An untimed decode before the measured one: first-call allocations, module loads, kernel
+    selection, compilation and CUDA-graph capture of every shape the measured decode uses.
+    cfg.warmup "full": every prompt, as the measured decode (its prefills of each length and
+    group, its verify and drafter shapes); "short": the first engine.rows prompts for
+    WARMUP_TOKENS tokens, every row busy (every forward shape, not every prefill)."""
+    cfg = kw["cfg"]
+    if cfg.warmup == "full":
+        decode_all(engine, inputs, prompts, **kw, spec=spec, desc="warm-up")
+    else:
+        warm = OmegaConf.merge(cfg, {"max_new_tokens": min(WARMUP_TOKENS, cfg.max_new_tokens)})
+        decode_all(engine, inputs[: engine.rows], prompts[: engine.rows], **{**kw, "cfg": warm}, spec=spec,
+                   desc="warm-up")
     if spec is not None and spec.impl == "triton" and not kw["params"].greedy and not proposes_trees(kw["cfg"]):
         # the chain kernel's launch shape follows the live rows: compile it for every batch a decode drains through
         warm_chain_kernel(spec.rule, engine.rows, spec.k, engine.vocab_size, engine.device)
