@@ -331,6 +331,10 @@ class NativeEngine:
                 raise ValueError(f"a prompt of {T} tokens does not fit the engine's max_length {self.max_length}")
         if self._prefill_layer is not block and not self._prefill_warm:
             self._warm_prefill()
+        return self._prefill(rows, prompts)
+
+    def _prefill(self, rows: list, prompts: list) -> list:
+        """prefill_rows after its checks: runs of consecutive rows, one forward each."""
         out, group, width = [None] * len(rows), [], 0
         for i in sorted(range(len(rows)), key=rows.__getitem__):
             T = prompts[i].shape[0]
@@ -346,9 +350,10 @@ class NativeEngine:
     def _warm_prefill(self) -> None:
         """Compile every graph the dynamic-shape prefill will need, before the first request's
         prefill (a compile is seconds on a GPU: inside a timed decode it would be a stall).
-        Dynamo specialises sizes and offsets of 0 and 1, so one row and several, and a run of
-        rows that starts at row 0 (a cache view at offset 0) and one that does not, are four
-        graphs. The dummy prompts' length equals no size of the engine's tensors, so that no
+        Dynamo specialises sizes of 1 (one row against several) and can specialise a cache
+        view's offset of 0 (a run from row 0 against a later one): the four runs are prefilled,
+        so that whatever graphs dynamo makes exist before a request comes (two on CPU; a
+        first run from row 2 made a third there). The dummy prompts' length equals no size of the engine's tensors, so that no
         size is tied to it in the graphs (dynamo's duck sizing). Lengths are restored; the rows
         hold nothing yet."""
         self._prefill_warm = True
@@ -358,7 +363,7 @@ class NativeEngine:
         dummy = torch.zeros(T, dtype=torch.int64, device=self.device)
         for first in range(min(2, self.rows)):
             for n in range(1, min(2, self.rows - first) + 1):
-                self.prefill_rows(list(range(first, first + n)), [dummy] * n)
+                self._prefill(list(range(first, first + n)), [dummy] * n)
         self.lengths.copy_(lengths)
 
     def _prefill_run(self, group: list, rows: list, prompts: list, out: list) -> None:

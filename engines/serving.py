@@ -41,7 +41,7 @@ from specbench.metrics import RequestRecord
 
 log = logging.getLogger(__name__)
 
-WARMUP_TOKENS = 8  # as the native runner's warm-up
+WARMUP_TOKENS = 8  # as the native runner's warmup=short
 
 
 def require(module: str) -> ModuleType:

@@ -60,6 +60,19 @@ def test_misspelt_keys_fail_at_compose_time():
         cfg_of("temperature=hot")
 
 
+@pytest.mark.parametrize("warmup, prompts, tokens", [("full", 5, 12), ("short", 2, 8)])
+def test_the_warm_up_decodes_every_prompt_unless_short(monkeypatch, warmup, prompts, tokens):
+    """warmup=full decodes all 5 prompts for all 12 tokens, as the measured decode will; short
+    the first batch_size (2) for 8 tokens (run.WARMUP_TOKENS)."""
+    seen = []
+    monkeypatch.setattr(run_module, "decode_all",
+                        lambda engine, inputs, prompts, cfg, **kw: seen.append((len(inputs), cfg.max_new_tokens)))
+    cfg = cfg_of(f"warmup={warmup}", "batch_size=2", "max_new_tokens=12")
+    engine = type("Engine", (), {"rows": 2})()
+    run_module.warm_up(engine, list(range(5)), list(range(5)), dict(cfg=cfg, params=None, eos=()), None)
+    assert seen == [(prompts, tokens)]
+
+
 @pytest.mark.parametrize(
     "overrides,message",
     [
@@ -91,6 +104,7 @@ def test_misspelt_keys_fail_at_compose_time():
         (["+drafter=eagle", "drafter.path=specbench://checkpoints/smollm2_135m/eagle3"], "holds an eagle3 head, not eagle"),
         (["+drafter=synthetic", "drafter.acceptance_rates=[1.5]"], "drafter.acceptance_rates"),
         (["+drafter=synthetic", "drafter.coins=sobol"], "drafter.coins=sobol: valid coins: random, quasi"),
+        (["warmup=none"], "warmup=none: valid warm-ups: full, short"),
         (["+tree=chain"], "drafter=None: a tree shape needs a drafter"),
     ],
 )
