@@ -12,8 +12,13 @@
 #   trees      eagle3 and draft_model (TREE_DRAFTERS) drafting +tree=sglang_5_4_8 (k = 5, topk 4,
 #              8 nodes verified) at batch 1, 8 and 48, temperature 0 (TREE_TEMPS)
 #   profiles   experiments/round_profile.py (where a round's time goes, phase by phase) on the
-#              control (a = 0.8, k = 4) and on ngram at MT-Bench batch 48, into OUT/profiles/NAME
-#              (round_profile.json and its log; the Chrome traces and the job's results folder are dropped)
+#              control (a = 0.8, k = 4), on ngram at MT-Bench batch 48, and on ngram at batch 1
+#              and T = 0.7 (the Triton rule's round), into OUT/profiles/NAME (round_profile.json
+#              and its log; the Chrome traces and the job's results folder are dropped)
+#   first_job  the same ngram job (MT-Bench, batch 8) twice in one process (seed=0,1: at T = 0 the
+#              seed changes only the config hash), under warmup=full and warmup=short, each in a
+#              fresh process: whether the first job of a process pays a one-time cost the
+#              warm-up leaves in its numbers (2.2 x TPOT under short on an H100, results/2026-12-06-h100)
 # TEMPS (default 0,0.7) and DRAFTERS (default all five) narrow `real`; SYN_RATES (default
 # "0.6 0.7 0.8 0.9") `synthetic`, whose coins are SYN_COINS (default quasi: the rates realised
 # to within 2 %, so that the control times the runner, not the coins' luck); SAMPLING_BATCHES
@@ -101,6 +106,22 @@ if [[ $parts == *" profiles "* ]]; then
   profile synthetic +drafter=synthetic "drafter.acceptance_rates=[0.8]" drafter.coins=quasi k=4 dataset.num_prompts=2 max_new_tokens=96
   # its drafting took 27.7 ms a round on an H100 at 1d7f320 (the torch search's padding), 0.24 ms at 4e92ceb
   profile ngram_mt_bench_b48 +drafter=ngram k=4 batch_size=48 dataset=mt_bench dataset.num_prompts=48 max_new_tokens=48
+  # other_ms 0.37 ms a round at batch 1 with the Triton rule at a92c409, 0.05 at T = 0 (results/2026-12-06-h100)
+  profile ngram_mt_bench_t07 +drafter=ngram k=4 temperature=0.7 dataset=mt_bench dataset.num_prompts=4 max_new_tokens=48
+fi
+if [[ $parts == *" first_job "* ]]; then
+  for warmup in full short; do  # each its own process, and its own results (the baseline computed in job 1)
+    first_res="$res/first_job_$warmup"
+    echo "== first_job warmup=$warmup" | tee -a "$log"
+    "$py" -m specbench -m +drafter=ngram k=4 batch_size=8 dataset=mt_bench dataset.num_prompts=16 \
+        max_new_tokens="$tokens" seed=0,1 warmup="$warmup" "${engine[@]}" "results_dir=$first_res" "${t[@]}" 2>&1 | quiet &
+    wait $!
+    "$py" - "$first_res" "$out/first_job_$warmup.csv" <<'PY'
+import sys
+from specbench.analysis import load_results
+load_results(sys.argv[1]).sort_values("timestamp").to_csv(sys.argv[2], index=False)
+PY
+  done
 fi
 if [[ $parts == *" sampling "* ]]; then
   for dataset in mt_bench humaneval; do

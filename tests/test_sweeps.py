@@ -216,11 +216,38 @@ def test_runner_suite_profiles_the_control_and_ngram_at_batch_48(tmp_path):
                           timeout=30)
     assert proc.returncode == 0, proc.stderr
     calls = (tmp_path / "profiles").read_text().splitlines()
-    assert [c.split()[1] for c in calls] == [str(tmp_path / "out" / "profiles" / n) for n in ("synthetic", "ngram_mt_bench_b48")]
+    names = ("synthetic", "ngram_mt_bench_b48", "ngram_mt_bench_t07")
+    assert [c.split()[1] for c in calls] == [str(tmp_path / "out" / "profiles" / n) for n in names]
     assert "+drafter=synthetic" in calls[0] and "batch_size=48 dataset=mt_bench" in calls[1]
+    assert "temperature=0.7" in calls[2]
     assert all("engine.compile=true" in c and c.endswith("target.path=/models/m.gguf") for c in calls)
     assert not list((tmp_path / "out" / "profiles").rglob("*.trace.json"))
 
+
+
+def test_runner_suite_first_job_runs_the_same_job_twice_a_process_under_each_warm_up(tmp_path):
+    """PARTS=first_job: one sweep of two identical jobs (seed=0,1) per warm-up, full then short,
+    each into results of its own, and each sweep's rows written to OUT/first_job_WARMUP.csv."""
+    fake = tmp_path / "py"
+    fake.write_text(
+        "#!/usr/bin/env bash\n"
+        'if [ "$2" = "specbench.datasets" ]; then exit 0; fi\n'
+        f'if [ "$1" = "-m" ]; then echo "$*" >> {tmp_path}/sweeps; exit 0; fi\n'
+        f'if [ "$1" = "-" ]; then echo "$2 $3" >> {tmp_path}/tables; fi\n'
+        "cat > /dev/null\n"
+    )
+    fake.chmod(0o755)
+    script = Path(__file__).resolve().parents[1] / "experiments" / "runner_suite.sh"
+    out = tmp_path / "out"
+    proc = subprocess.run(["bash", str(script), str(out)], env={**os.environ, "PYTHON": str(fake), "PARTS": "first_job"},
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    sweeps = (tmp_path / "sweeps").read_text().splitlines()
+    assert [s.split("warmup=")[1].split()[0] for s in sweeps] == ["full", "short"]
+    assert all("seed=0,1 " in s and "batch_size=8 " in s for s in sweeps)
+    assert [s.split("results_dir=")[1].split()[0] for s in sweeps] == [str(out / "results" / f"first_job_{w}") for w in ("full", "short")]
+    assert (tmp_path / "tables").read_text().split() == [str(out / "results" / "first_job_full"), str(out / "first_job_full.csv"),
+                                                         str(out / "results" / "first_job_short"), str(out / "first_job_short.csv")]
 
 
 def test_round_profile_cuts_every_round_where_the_runner_clocks_it(tiny_checkpoint, tmp_path):
