@@ -128,30 +128,51 @@ class NgramTrie:
         node = self.find(ngram)
         return 0 if node is None else self._count[node]
 
-    def insert(self, tokens: Sequence[int], first_new: int) -> None:
+    def insert(self, tokens: Sequence[int], first_new: int, known: Optional[list] = None) -> Optional[list]:
         """Count every n-gram (length <= max_depth) of `tokens` that ends at a position >= first_new.
 
         tokens: [t] ints, the tail of a history; positions before first_new were inserted before.
         The n-grams starting at s are the prefixes of tokens[s : s + max_depth], one path.
+
+        known: what the previous insert of this history returned (tokens then ended at
+        first_new, and its tail started where this one does), or None. Its s-th entry lists the
+        nodes of tokens[s : first_new], so those paths' old parts are re-stamped from it instead
+        of walked again: per new token, max_depth lookups where the walk made about
+        max_depth^2 / 2. The trie ends the same, node for node. Returns the node lists of the
+        paths that may still grow, tokens[s:] for s > t - max_depth, for the next insert of the
+        same history; None once eviction is possible (nodes can disappear; every path is walked).
         """
         L, T = self.max_depth, len(tokens)
         children_of, count, stamps = self._children, self._count, self._stamp
         token_of, parent_of = self._token, self._parent
-        for s in range(max(0, first_new - L + 1), T):
+        growing = []  # node lists of the paths from s > T - L, in start order
+        first_s = max(0, first_new - L + 1)
+        if known is not None:
+            assert len(known) == first_new - first_s, (len(known), first_new, first_s)
+        for s in range(first_s, T):
             end = min(s + L, T)
             new_depth = max(1, first_new - s + 1)
             if self._lru is None and self._size + (end - s) > self.capacity:
                 self._start_lru()
             if self._lru is not None:
                 self._insert_path(tokens[s:end], new_depth)
+                growing = None
                 continue
             # No eviction can happen (so no id is free): walk and extend the path once. Its
             # nodes are touched deepest first, as _touch does: depth d gets clock + n - d + 1.
             counted = s + new_depth - 1  # tokens[i] for i >= counted end a new occurrence
             stamp = self._clock + (end - s)
             self._clock = stamp
-            node = 0
-            for i in range(s, end):
+            node, start = 0, s
+            path = []  # this path's nodes, kept where it may grow
+            if known is not None and s < first_new:  # the old part: nodes known, only touched
+                path = known[s - first_s]  # grown in place: the caller's copy is replaced by what this returns
+                for old in path:
+                    stamps[old] = stamp
+                    stamp -= 1
+                node, start = (path[-1] if path else 0), first_new
+            keep = growing is not None and s > T - L
+            for i in range(start, end):
                 token = tokens[i]
                 children = children_of[node]
                 child = children.get(token) if children is not None else None
@@ -172,6 +193,11 @@ class NgramTrie:
                     stamps[child] = stamp
                 stamp -= 1
                 node = child
+                if keep:
+                    path.append(child)
+            if keep:
+                growing.append(path)
+        return growing
 
     def _start_lru(self) -> None:
         """Build the LRU list from the stamps: every touch gave a fresh, larger stamp."""
@@ -308,6 +334,7 @@ class NgramTrieDrafter:
         self.max_bfs_breadth = max_bfs_breadth
         self.trie = NgramTrie(capacity, max_trie_depth)
         self._inserted: dict[Hashable, np.ndarray] = {}  # request id -> [T] history inserted so far
+        self._paths: dict[Hashable, list] = {}  # request id -> its growing paths' nodes (NgramTrie.insert)
 
     @classmethod
     def from_config(cls, cfg: NgramTrieConfig) -> NgramTrieDrafter:
@@ -336,7 +363,11 @@ class NgramTrieDrafter:
         if old == history.shape[0]:
             return
         start = max(0, old - self.trie.max_depth + 1)  # the earliest n-gram ending at a new position
-        self.trie.insert(history[start:].tolist(), first_new=old - start)
+        known = self._paths.pop(request_id, None)
+        known = known if old else None  # a history that starts over walks every path
+        paths = self.trie.insert(history[start:].tolist(), first_new=old - start, known=known)
+        if paths is not None:
+            self._paths[request_id] = paths
         self._inserted[request_id] = history.copy()  # the caller may reuse its buffer
 
     def release(self, request_ids) -> None:
@@ -344,6 +375,7 @@ class NgramTrieDrafter:
         stay in the trie, for the requests after them, as in SGLang's shared cache."""
         for request_id in request_ids:
             self._inserted.pop(request_id, None)
+            self._paths.pop(request_id, None)
 
     def draft(self, history: Sequence[int], k: int, max_nodes: int) -> tuple[list[int], list[int]]:
         """The draft tree after a history (its last token is the root), from the trie as it is.
