@@ -353,9 +353,9 @@ class NativeEngine:
         Dynamo specialises sizes of 1 (one row against several) and can specialise a cache
         view's offset of 0 (a run from row 0 against a later one): the four runs are prefilled,
         so that whatever graphs dynamo makes exist before a request comes (two on CPU; a
-        first run from row 2 made a third there). The dummy prompts' length equals no size of the engine's tensors, so that no
-        size is tied to it in the graphs (dynamo's duck sizing). Lengths are restored; the rows
-        hold nothing yet."""
+        first run from row 2 made a third there). The dummy prompts' length equals no size of
+        the engine's tensors, so that no size is tied to it in the graphs (dynamo's duck
+        sizing). Lengths are restored; the rows hold nothing yet."""
         self._prefill_warm = True
         sizes = {*self.cache_k.shape, self.rows, *(n for w in self.model.parameters() for n in w.shape)}
         T = next((t for t in range(5, self.max_length + 1) if t not in sizes), min(2, self.max_length))

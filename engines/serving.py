@@ -163,7 +163,8 @@ def run_on_engine(cfg: DictConfig, row: dict) -> tuple[list, list]:
     result = adapter.run(cfg, prompts)
     row.update(result.fields)
     row.update(num_prompts=len(prompts), engine_version=getattr(engine, "__version__", None),
-               wall_s=time.perf_counter() - started, status="ok")
+               wall_s=time.perf_counter() - started, status="ok",
+               warmup="short")  # what ran: the first batch_size prompts for WARMUP_TOKENS, whatever cfg.warmup says
     return [row], result.records
 
 

@@ -252,9 +252,9 @@ class SpecBenchConfig:
     seed: int = 0
     batch_size: int = 1
     # before each timed decode (the baseline's and the speculative one), untimed: "full" decodes
-    # every prompt as the timed decode will (so the first job of a process pays no one-time
-    # cost inside its numbers; a short warm-up left TPOT 2.2 x a later job's at batch 8 on an
-    # H100, results/2026-12-06-h100), "short" the first batch_size prompts for 8 tokens
+    # every prompt as the timed decode will, so that one-time costs fall before the clock
+    # (under "short" the first job of a process ran at 2.2 x a later job's TPOT at batch 8 on
+    # an H100, results/2026-12-06-h100); "short" the first batch_size prompts for 8 tokens
     warmup: str = "full"
     results_dir: str = "results/local"
     resume: bool = True  # skip a run whose config_hash already has an "ok" row in results_dir

@@ -181,15 +181,15 @@ def build_engine(cfg: DictConfig, model, inputs: list, feature_layers: tuple, sp
 
 def baseline_path(cfg: DictConfig, device: str, dtype: torch.dtype, num_prompts: int, code: str | None) -> Path:
     """Baselines are shared by every run with the same target, prompts, length, sampling, batch
-    size, engine (its settings too), device and code (git SHA): a baseline's timing is the
-    code's, and a results folder that outlives a commit must not compare new runs with it."""
+    size, engine (its settings too), warm-up, device and code (git SHA): a baseline's timing is
+    the code's, and a results folder that outlives a commit must not compare new runs with it."""
     sampling = [cfg.temperature, cfg.top_k, cfg.top_p, cfg.seed] if cfg.temperature > 0 else [0.0]
     key = {
         "target": [cfg.target.path, cfg.target.sha256, str(dtype)],
         "dataset": [cfg.dataset.source, cfg.dataset.format, num_prompts],
         "max_new_tokens": cfg.max_new_tokens, "sampling": sampling, "device": device,
         "batch_size": cfg.batch_size, "engine": cfg.engine.name, "engine_options": engine_options(cfg.engine),
-        "code": code,
+        "warmup": cfg.warmup, "code": code,
     }
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     return Path(cfg.results_dir) / "baselines" / f"{cfg.target.name}-{cfg.dataset.name}-{digest}.json"
@@ -203,7 +203,7 @@ def _base_row(cfg: DictConfig, run_id: str, chash: str, git_sha: str | None) -> 
         run_id=run_id, task="decode", target=cfg.target.name,
         drafter=cfg.drafter.name if speculative else None, rule=rule, k=cfg.k if speculative else None,
         topk=tree_shape(cfg)[0] if speculative else None, num_draft_tokens=tree_shape(cfg)[1] if speculative else None,
-        temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, batch_size=cfg.batch_size,
+        temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, batch_size=cfg.batch_size, warmup=cfg.warmup,
         dataset=cfg.dataset.name, git_sha=git_sha, config_hash=chash,
         max_new_tokens=cfg.max_new_tokens, seed=cfg.seed, target_path=cfg.target.path,
         timestamp=time.strftime("%Y-%m-%dT%H:%M:%S%z"), hydra_dir=_hydra_dir(), **rule_params,

@@ -71,6 +71,9 @@ def test_the_warm_up_decodes_every_prompt_unless_short(monkeypatch, warmup, prom
     engine = type("Engine", (), {"rows": 2})()
     run_module.warm_up(engine, list(range(5)), list(range(5)), dict(cfg=cfg, params=None, eos=()), None)
     assert seen == [(prompts, tokens)]
+    other = cfg_of(f"warmup={'short' if warmup == 'full' else 'full'}", "batch_size=2", "max_new_tokens=12")
+    paths = [run_module.baseline_path(c, "cpu", "float32", 5, "sha") for c in (cfg, other)]
+    assert paths[0] != paths[1]  # a baseline is timed under one warm-up, and compared under it only
 
 
 @pytest.mark.parametrize(
