@@ -54,7 +54,7 @@ def with_speedup(frame: pd.DataFrame, match: Sequence[str] = BASELINE_MATCH) -> 
     = baseline_tpot_ms / tpot_ms, for decode runs; NaN where no baseline matches."""
     runs = decode_runs(frame).drop(columns=["baseline_tpot_ms"], errors="ignore")
     runs["sampling"] = sampling_key(runs)
-    keys = [m for m in match if m in runs.columns]
+    keys = [m for m in match if m in runs.columns and runs[m].notna().any()]  # a column no row records tells none apart
     base = runs[runs.drafter.isna()].groupby(keys, dropna=False)["tpot_ms"].median().rename("baseline_tpot_ms")
     out = runs.merge(base.reset_index(), on=keys, how="left")
     out["speedup_vs_baseline"] = out.baseline_tpot_ms / out.tpot_ms
