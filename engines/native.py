@@ -294,7 +294,7 @@ class NativeEngine:
         self._forward = torch.compile(model.forward, **options) if whole else model.forward
         prefill = compile and compile_prefill
         self._prefill_layer = torch.compile(prefill_block, fullgraph=True, dynamic=True) if prefill else block
-        self._prefill_warm = False  # see _warm_prefill
+        self._prefill_cold = prefill  # its graphs not compiled yet: see _warm_prefill
         self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
         self.kernels = kernels  # decode projections through specbench.kernels.gemv (see block)
         # Decode and verify attention: the Triton kernel with kernels on (where it runs: the cache
@@ -329,7 +329,7 @@ class NativeEngine:
         for T in (p.shape[0] for p in prompts):
             if T > self.max_length:
                 raise ValueError(f"a prompt of {T} tokens does not fit the engine's max_length {self.max_length}")
-        if self._prefill_layer is not block and not self._prefill_warm:
+        if self._prefill_cold:
             self._warm_prefill()
         return self._prefill(rows, prompts)
 
@@ -356,7 +356,7 @@ class NativeEngine:
         first run from row 2 made a third there). The dummy prompts' length equals no size of
         the engine's tensors, so that no size is tied to it in the graphs (dynamo's duck
         sizing). Lengths are restored; the rows hold nothing yet."""
-        self._prefill_warm = True
+        self._prefill_cold = False
         sizes = {*self.cache_k.shape, self.rows, *(n for w in self.model.parameters() for n in w.shape)}
         T = next((t for t in range(5, self.max_length + 1) if t not in sizes), min(2, self.max_length))
         lengths = self.lengths.clone()
