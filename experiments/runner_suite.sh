@@ -13,8 +13,8 @@
 #              8 nodes verified) at batch 1, 8 and 48, temperature 0 (TREE_TEMPS)
 #   profiles   experiments/round_profile.py (where a round's time goes, phase by phase) on the
 #              control (a = 0.8, k = 4), on ngram at MT-Bench batch 48, and on ngram at batch 1
-#              and T = 0.7 (the Triton rule's round), into OUT/profiles/NAME (round_profile.json
-#              and its log; the Chrome traces and the job's results folder are dropped)
+#              and T = 0.7 (the Triton rule's round), into OUT/profiles/NAME.json (round_profile.json;
+#              its table goes to the log; the Chrome traces and the job's results folder are dropped)
 #   first_job  the same ngram job (MT-Bench, batch 8) twice in one process (seed=0,1: at T = 0 the
 #              seed changes only the config hash), under warmup=full and warmup=short, each in a
 #              fresh process: whether the first job of a process pays a one-time cost the
@@ -100,8 +100,9 @@ if [[ $parts == *" profiles "* ]]; then
     shift
     echo "== profile $name $*" | tee -a "$log"
     "$py" "$(dirname "$0")/round_profile.py" "$out/profiles/$name" "$@" "${engine[@]}" "${t[@]}" 2>&1 | quiet
-    # the traces are too big to fetch; the job's results folder nests too deep for a device call to bring back
-    rm -rf "$out/profiles/$name"/*.trace.json "$out/profiles/$name/results"
+    # the traces are too big to fetch, and a device call brings back files two folders deep at most:
+    # OUT/x/profiles/NAME.json comes back, OUT/x/profiles/NAME/round_profile.json did not (2026-12-06)
+    mv "$out/profiles/$name/round_profile.json" "$out/profiles/$name.json" && rm -rf "${out:?}/profiles/$name"
   }
   profile synthetic +drafter=synthetic "drafter.acceptance_rates=[0.8]" drafter.coins=quasi k=4 dataset.num_prompts=2 max_new_tokens=96
   # its drafting took 27.7 ms a round on an H100 at 1d7f320 (the torch search's padding), 0.24 ms at 4e92ceb

@@ -1,5 +1,6 @@
 """The sweep layer: atomic rows, resume, failure isolation, loggers and a parallel launcher."""
 
+import json
 import os
 import subprocess
 import sys
@@ -200,13 +201,15 @@ def test_runner_suite_reruns_the_control_rates_and_sampling_batches_it_is_given(
 
 
 def test_runner_suite_profiles_the_control_and_ngram_at_batch_48(tmp_path):
-    """PARTS=profiles runs experiments/round_profile.py twice, into OUT/profiles/NAME, with the
-    engine arguments and the target path of the suite, and drops the traces it wrote."""
+    """PARTS=profiles runs experiments/round_profile.py three times, into OUT/profiles/NAME, with
+    the engine arguments and the target path of the suite, keeps each one's round_profile.json as
+    OUT/profiles/NAME.json (two folders deep under a device call's OUT: fetchable) and drops the
+    rest, traces included."""
     fake = tmp_path / "py"
     fake.write_text(
         "#!/usr/bin/env bash\n"
         'if [ "$2" = "specbench.datasets" ]; then exit 0; fi\n'
-        f'case "$1" in *round_profile.py) echo "$*" >> {tmp_path}/profiles; mkdir -p "$2"; touch "$2/baseline.trace.json"; exit 0;; esac\n'
+        f'case "$1" in *round_profile.py) echo "$*" >> {tmp_path}/profiles; mkdir -p "$2"; touch "$2/baseline.trace.json"; echo "{{\\"run\\": \\"$2\\"}}" > "$2/round_profile.json"; exit 0;; esac\n'
         "cat > /dev/null\n"
     )
     fake.chmod(0o755)
@@ -221,7 +224,9 @@ def test_runner_suite_profiles_the_control_and_ngram_at_batch_48(tmp_path):
     assert "+drafter=synthetic" in calls[0] and "batch_size=48 dataset=mt_bench" in calls[1]
     assert "temperature=0.7" in calls[2]
     assert all("engine.compile=true" in c and c.endswith("target.path=/models/m.gguf") for c in calls)
-    assert not list((tmp_path / "out" / "profiles").rglob("*.trace.json"))
+    profiles = tmp_path / "out" / "profiles"
+    assert sorted(p.name for p in profiles.iterdir()) == sorted(f"{n}.json" for n in names)
+    assert json.loads((profiles / "synthetic.json").read_text()) == {"run": str(profiles / "synthetic")}
 
 
 
