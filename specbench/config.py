@@ -187,8 +187,9 @@ class TreeConfig:
 class RuleConfig:
     name: str = MISSING
     # auto | torch | triton: sampled rounds verified in torch (specbench.rules) or in one Triton
-    # kernel per round (specbench.kernels; trees take target_only / thresholded there, SGLang's
-    # kernel). auto: triton on CUDA where a kernel runs the rule, torch otherwise (the row's
+    # kernel per round (specbench.kernels; the tree kernel is SGLang's target-only walk, and
+    # walks onehot / standard as it: rules.TARGET_ONLY_LAW). auto: triton on CUDA where a
+    # kernel runs the rule, torch otherwise (the row's
     # rule_impl says which ran). At temperature 0 the runner walks the argmaxes on the host.
     impl: str = "auto"
 
@@ -353,9 +354,6 @@ def _validate_impl(cfg, key: str, impl: str) -> None:
         raise ConfigError(key, impl, f"valid impls: {', '.join(valid)}")
     if impl == "triton" and importlib.util.find_spec("triton") is None:
         raise ConfigError(key, impl, "needs the triton package (pip install triton, Linux)")
-    tree_sampled = proposes_trees(cfg) and cfg.temperature > 0
-    if impl == "triton" and key == "rule.impl" and tree_sampled and cfg.rule.name in ("standard", "onehot"):
-        raise ConfigError(key, impl, f"the tree kernel is SGLang's target-only walk: use rule target_only or thresholded, not {cfg.rule.name}")
 
 
 WARMUPS = ("full", "short")

@@ -40,6 +40,12 @@ from specbench.sampling import sample
 RULES = ("standard", "onehot", "target_only", "thresholded", "greedy")
 NEEDS_DRAFT_PROBS = ("standard",)
 SIBLING_RULES = ("standard", "onehot", "target_only", "thresholded", "greedy")  # all take trees
+# On a tree level whose siblings are distinct tokens, recursive rejection (onehot; standard, the
+# siblings being point masses) accepts c_j with p(c_j) and, every sibling refused, emits y with
+# p(y): the law of target_only at thresholds 1 (verify_siblings proves both). A level's outcome
+# is its emitted token, so whole walks have one law too, and the runner walks these rules as
+# target_only (tree_rule_for_round), through the tree kernel where rule.impl takes it.
+TARGET_ONLY_LAW = ("onehot", "standard")
 
 
 def _target_only_choice(p_candidates, coin, threshold_single: float, threshold_acc: float):
@@ -443,7 +449,8 @@ def _check_impl(impl: str) -> None:
 
 def resolve_impl(impl: str, device: torch.device, rule: str, trees: bool) -> str:
     """rule.impl as sampled rounds run it. auto: the Triton kernel where one runs the round (a
-    CUDA device, triton installed, and for trees a rule the tree kernel walks), torch otherwise."""
+    CUDA device, triton installed, and for trees a rule the tree kernel walks, TARGET_ONLY_LAW's
+    as target_only), torch otherwise."""
     if impl != "auto":
         return impl
     if device.type != "cuda" or importlib.util.find_spec("triton") is None:
@@ -452,7 +459,31 @@ def resolve_impl(impl: str, device: torch.device, rule: str, trees: bool) -> str
         return "triton"  # the chain kernel takes every rule
     from specbench.kernels import tree
 
-    return "triton" if rule in tree.RULES else "torch"
+    return "triton" if rule in tree.RULES or rule in TARGET_ONLY_LAW else "torch"
+
+
+def distinct_siblings(drafts: np.ndarray, parents: np.ndarray, num) -> bool:
+    """drafts, parents: [A, M] a round's proposal (parents in 0..M, 0 the root), num: [A] each
+    request's nodes -> whether no node has two children with one token."""
+    A, M = parents.shape
+    if M < 2:
+        return True
+    # (parent, token) as one key; nodes past num[a] get keys of their own (negative, distinct)
+    keys = (parents.astype(np.int64) << 32) | drafts.astype(np.int64)
+    keys = np.where(np.arange(M) < np.asarray(num)[:, None], keys, -1 - np.arange(M))
+    keys.sort(axis=1)
+    return not (keys[:, 1:] == keys[:, :-1]).any()
+
+
+def tree_rule_for_round(rule: str, impl: str, drafts: np.ndarray, parents: np.ndarray, num) -> tuple[str, str]:
+    """(rule, impl) a sampled tree round is verified with: TARGET_ONLY_LAW's rules as
+    target_only (the same law) where every node's children are distinct tokens, else as asked,
+    in torch if the tree kernel does not walk the rule. drafts, parents, num: distinct_siblings'."""
+    if rule not in TARGET_ONLY_LAW:
+        return rule, impl
+    if distinct_siblings(drafts, parents, num):
+        return "target_only", impl
+    return rule, "torch"  # the tree kernel walks no recursive rule
 
 
 def warm_chain_kernel(rule: str, rows: int, k: int, V: int, device: torch.device) -> int:
@@ -493,17 +524,16 @@ def _verify_trees_kernel(rule, target_probs, node_tokens, trees, generator, thre
         raise ValueError(f"rule={rule} takes no thresholds; use rule thresholded")
     A, _, V = target_probs.shape
     device = target_probs.device
-    # Pad on the CPU, one copy to the device: rows [A, N] of parents, depth, first child, next sibling.
-    parents, depth, first_child, next_sibling = (
-        torch.nn.utils.rnn.pad_sequence([getattr(t, f).cpu() for t in trees], batch_first=True, padding_value=-1)
-        for f in ("parents", "depth", "next_token", "next_sibling")
-    )
-    N = parents.shape[1]
-    D = int(depth.max())
-    # Z: the most children of one node, over the batch (each request's nodes counted apart).
-    slots = (parents + N * torch.arange(A)[:, None])[parents >= 0]
-    Z = int(torch.bincount(slots, minlength=1).max())
-    links = torch.stack([first_child, next_sibling, depth]).to(device)  # [3, A, N]
+    N = max(t.host.depth.shape[0] for t in trees)
+    D = max(t.host.levels for t in trees)
+    Z = max(t.host.child_table.shape[1] for t in trees)  # the most children of one node, over the batch
+    # Padded in numpy (no torch dispatch per tree), one copy to the device: [3, A, N] each
+    # node's first child, next sibling and depth, -1 on padding nodes.
+    packed = np.full((3, A, N), -1, dtype=np.int64)
+    for a, t in enumerate(trees):
+        m = t.host.depth.shape[0]
+        packed[:, a, :m] = t.host.next_token, t.host.next_sibling, t.host.depth
+    links = torch.from_numpy(packed).to(device)
     tokens = torch.where(links[2] >= 0, node_tokens[:, :N].to(device), -1)  # padding nodes: -1
     if rule == "greedy":
         uniforms, noise = torch.zeros((A, D), device=device), None
@@ -513,6 +543,7 @@ def _verify_trees_kernel(rule, target_probs, node_tokens, trees, generator, thre
         rule, target_probs[:, :N].float(), tokens, links[0], links[1], uniforms, noise,
         threshold_single=threshold_single, threshold_acc=threshold_acc, max_children=Z,
     )
-    num, tried = out.num_accepted.tolist(), out.tried.tolist()
-    return [TreeResult(path=path[: a + 1], tokens=emitted[: a + 1], tried=t)
-            for path, emitted, a, t in zip(out.path.tolist(), out.tokens.tolist(), num, tried)]
+    # one copy to the host: [A, 2 (D + 1) + 2] path, tokens, num_accepted, tried
+    rows = torch.cat([out.path, out.tokens, out.num_accepted[:, None], out.tried[:, None]], 1).tolist()
+    return [TreeResult(path=row[: a + 1], tokens=row[D + 1 : D + 2 + a], tried=row[-1])
+            for row in rows for a in (row[-2],)]

@@ -5,7 +5,8 @@ the next prompt; every free row is admitted at once, in one prefill call). Each 
 for every live request, a chain of up to k tokens or a tree (k levels), verifies all of them
 and their bonus positions in one target forward [rows, q] (trees under their ancestor masks),
 accepts by the rule for all live requests in one call (ragged: each keeps its own accepted
-prefix; with rule.impl=triton one kernel launch for the batch, chains or trees), and keeps
+prefix; with rule.impl=triton one kernel launch for the batch, chains or trees; a tree's
+onehot or standard walked as target_only, the same law: rules.TARGET_ONLY_LAW), and keeps
 each accepted path in the engine's KV cache. At temperature 0 every rule is the argmax: the
 target's argmaxes come to the host in one copy and each request's round is walked there
 (specbench.rules' greedy_*_host, equal to the batched rules under "greedy"), whatever rule.impl. Baseline and
@@ -28,7 +29,9 @@ import torch
 
 from specbench.drafters.base import DraftState, Drafter
 from specbench.metrics import RequestRecord, RoundClock, SpecStats
-from specbench.rules import NEEDS_DRAFT_PROBS, greedy_chain_host, greedy_tree_host, verify_chain, verify_trees
+from specbench.rules import (
+    NEEDS_DRAFT_PROBS, greedy_chain_host, greedy_tree_host, tree_rule_for_round, verify_chain, verify_trees,
+)
 from specbench.sampling import SamplingParams, probs_from_logits, sample
 from specbench.tree import TreeBuffers, compile_tree, with_root
 
@@ -273,9 +276,10 @@ def decode_requests(
             rounds = _greedy_rounds(best, inputs[rows].tolist(), num, [trees.get(row) for row in rows])
         elif trees:  # every live request's tree in one call (impl=triton: one kernel launch)
             live_trees = [trees[row] for row in rows]
+            rule, impl = tree_rule_for_round(spec.rule, spec.impl, inputs[rows, 1:], parents, num)
             results = verify_trees(
-                spec.rule, probs, tokens[rows].to(probs.device), live_trees, generator=generator, impl=spec.impl,
-                **(spec.rule_params if spec.rule == "thresholded" else {}),
+                rule, probs, tokens[rows].to(probs.device), live_trees, generator=generator, impl=impl,
+                **(spec.rule_params if rule == "thresholded" else {}),
             )
             rounds = [_verify_tree(tree, result) for tree, result in zip(live_trees, results)]
         else:

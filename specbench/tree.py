@@ -22,6 +22,8 @@ class TreeHost(NamedTuple):
     child_table: np.ndarray  # [N, Z] int64
     levels: int  # depth.max()
     children: tuple  # N tuples: each node's children in try order (the host walk's, specbench.rules)
+    next_token: np.ndarray  # [N] int64
+    next_sibling: np.ndarray  # [N] int64
 
 
 @dataclass(frozen=True)
@@ -37,9 +39,9 @@ class TreeBuffers:
                   identity for one request, b * N + i when B requests are flattened
     child_table:  [N, Z] each node's children in try order, -1 after them (Z the most children
                   of one node): the batched walk's lookup
-    host:         depth, mask and child_table as numpy (the same memory), the deepest level and
-                  each node's children: what a batch of trees is assembled and walked from, with
-                  no torch dispatch per tree
+    host:         depth, mask, child_table, next_token and next_sibling as numpy (the same
+                  memory), the deepest level and each node's children: what a batch of trees is
+                  assembled and walked from, with no torch dispatch per tree
     """
 
     parents: torch.Tensor
@@ -84,12 +86,12 @@ def compile_tree(parents: torch.Tensor, offset: int = 0) -> TreeBuffers:
         children[p[i]].append(i)
     Z = max(map(len, children))
     table = [c + [-1] * (Z - len(c)) for c in children]
-    host = TreeHost(np.array(depth, dtype=np.int64), np.array(mask, dtype=bool),
-                    np.array(table, dtype=np.int64).reshape(N, Z), max(depth), tuple(map(tuple, children)))
-    as_tensor = lambda x: torch.tensor(x, dtype=torch.int64)  # noqa: E731
-    return TreeBuffers(parents, torch.from_numpy(host.depth), torch.from_numpy(host.mask), as_tensor(next_token),
-                       as_tensor(next_sibling), torch.arange(offset, offset + N, dtype=torch.int64),
-                       torch.from_numpy(host.child_table), host)
+    as_array = lambda x: np.array(x, dtype=np.int64)  # noqa: E731
+    host = TreeHost(as_array(depth), np.array(mask, dtype=bool), as_array(table).reshape(N, Z), max(depth),
+                    tuple(map(tuple, children)), as_array(next_token), as_array(next_sibling))
+    return TreeBuffers(parents, torch.from_numpy(host.depth), torch.from_numpy(host.mask),
+                       torch.from_numpy(host.next_token), torch.from_numpy(host.next_sibling),
+                       torch.arange(offset, offset + N, dtype=torch.int64), torch.from_numpy(host.child_table), host)
 
 
 def chain_parents(m: int) -> torch.Tensor:

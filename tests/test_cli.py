@@ -100,8 +100,6 @@ def test_the_warm_up_decodes_every_prompt_unless_short(monkeypatch, warmup, prom
          "drafter.draft_sample_method=probabilistic: a tree (topk > 1"),
         (["+drafter=draft_model", "drafter.draft_sample_method=probabilistic", "+tree=chain", "tree.num_draft_tokens=3"],
          "drafter.draft_sample_method=probabilistic: a tree (topk > 1, or fewer than k + 1 tokens)"),
-        (["+drafter=ngram_trie", "+rule=onehot", "rule.impl=triton", "temperature=0.7"],
-         "rule.impl=triton: the tree kernel is SGLang's target-only walk"),
         (["+drafter=draft_model", "drafter.draft_sample_method=often"], "drafter.draft_sample_method=often"),
         (["+drafter=draft_model", "drafter.path=/no/draft"], "drafter.path=/no/draft: no such checkpoint"),
         (["+drafter=eagle", "drafter.path=specbench://checkpoints/smollm2_135m/eagle3"], "holds an eagle3 head, not eagle"),

@@ -473,10 +473,9 @@ def test_auto_impl_takes_the_kernel_where_it_runs_the_round(monkeypatch):
     assert resolve_impl("auto", cpu, "standard", trees=False) == "torch"
     for rule in ("standard", "onehot", "target_only", "thresholded"):
         assert resolve_impl("auto", cuda, rule, trees=False) == ("triton" if HAS_TRITON else "torch")
-    # the tree kernel walks SGLang's target-only rule only
-    assert resolve_impl("auto", cuda, "standard", trees=True) == "torch"
-    assert resolve_impl("auto", cuda, "onehot", trees=True) == "torch"
-    assert resolve_impl("auto", cuda, "target_only", trees=True) == ("triton" if HAS_TRITON else "torch")
+    # the tree kernel walks SGLang's target-only rule, and onehot / standard as it (the same law)
+    for rule in ("standard", "onehot", "target_only", "thresholded"):
+        assert resolve_impl("auto", cuda, rule, trees=True) == ("triton" if HAS_TRITON else "torch")
     assert resolve_impl("torch", cuda, "onehot", trees=False) == "torch"  # a named impl is kept
     assert resolve_impl("triton", cpu, "onehot", trees=False) == "triton"
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)  # no triton installed
@@ -499,12 +498,12 @@ def test_warming_the_chain_kernel_compiles_every_launch_shape_a_batch_drains_thr
 
 
 @needs_triton
-def test_tree_rules_without_a_kernel_stop_at_config_time():
+def test_every_sampled_tree_rule_takes_the_tree_kernel_at_config_time():
+    """onehot and standard trees run as target_only (rules.TARGET_ONLY_LAW), so rule.impl=triton
+    is valid for every rule on trees."""
     tree = ["+drafter=eagle3", "+tree=sglang_5_4_8", "rule.impl=triton", "temperature=0.7"]
-    with pytest.raises(ConfigError) as e:
-        validate(cfg_of("+rule=onehot", *tree))
-    assert str(e.value).startswith("rule.impl=triton: the tree kernel is SGLang's target-only walk") and "\n" not in str(e.value)
-    validate(cfg_of("+rule=target_only", *tree))
+    for rule in ("standard", "onehot", "target_only", "thresholded"):
+        validate(cfg_of(f"+rule={rule}", *tree))
 
 
 @needs_triton

@@ -167,6 +167,47 @@ def test_tree_rounds_verify_every_request_in_one_launch(monkeypatch):
     assert len(launches) == rounds < request_rounds and max(launches) == 3
 
 
+class RepeatingTreeDrafter(OracleTreeDrafter):
+    """OracleTreeDrafter whose decoys repeat their sibling's token in every other round."""
+
+    rounds = 0
+
+    def propose(self, state: DraftState) -> DraftProposal:
+        proposal = super().propose(state)
+        self.rounds += 1
+        if self.rounds % 2:
+            return proposal
+        tokens = proposal.tokens.clone()
+        tokens[:, 1::2] = torch.where(tokens[:, 1::2] >= 0, tokens[:, 0::2], -1)  # columns c, c + 1: siblings
+        return DraftProposal(tokens=tokens, num_tokens=proposal.num_tokens, parents=proposal.parents)
+
+
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+@pytest.mark.parametrize("rule", ["standard", "onehot"])
+def test_recursive_tree_rules_are_walked_as_target_only_where_siblings_differ(monkeypatch, rule, impl):
+    """Sampled tree rounds (T = 0.8, 4 prompts through 3 rows) under onehot or standard reach
+    verify_trees as target_only with the impl asked (rules.TARGET_ONLY_LAW); the rounds in which
+    some node has two children of one token keep their rule, in torch (the tree kernel walks no
+    recursive rule)."""
+    if impl == "triton":
+        pytest.importorskip("triton", reason="the dev extra installs triton on Linux")
+    from specbench import runner as runner_module
+
+    baseline = [r.tokens for r in decode_requests(BigramEngine(rows=3), RAGGED, params=GREEDY, max_new_tokens=16, eos_ids=EOS,
+                                                  generator=torch.Generator().manual_seed(0))]
+    calls = []
+    verify_trees = runner_module.verify_trees
+    monkeypatch.setattr(runner_module, "verify_trees",
+                        lambda rule, *args, impl, **kw: calls.append((rule, impl)) or verify_trees(rule, *args, impl=impl, **kw))
+    drafter = RepeatingTreeDrafter(RAGGED, baseline, noise=0.3)
+    spec = Speculation(drafter, rule, 3, topk=2, num_draft_tokens=7, impl=impl)
+    records = decode_requests(BigramEngine(rows=3), RAGGED, params=SamplingParams(temperature=0.8), max_new_tokens=16,
+                              eos_ids=EOS, generator=torch.Generator().manual_seed(0), spec=spec)
+    assert all(1 <= len(r.tokens) <= 16 for r in records)
+    assert len(calls) == drafter.rounds
+    assert set(calls) == {("target_only", impl), (rule, "torch")}
+
+
 def test_a_request_admitted_into_a_freed_row_can_finish_on_its_first_token(tiny_model):
     """A request that takes a finished request's row and whose first token (the prefill's) is
     EOS, or reaches max_new_tokens = 1, is done there: no round decodes past it, as for the

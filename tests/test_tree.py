@@ -1,6 +1,7 @@
 """Draft trees: exact buffers for hand-made shapes, node selection, the tree verify forward
 against separate branch forwards, KV compaction, and the rules walking a tree."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -286,3 +287,54 @@ def test_batched_sampled_walk_is_lossless_at_two_levels(rule):
     expected = mass.repeat(n // 5).double()
     accepted = torch.tensor([r.num_accepted >= 1 for r in out], dtype=torch.float64)
     assert abs(accepted.mean() - expected.mean()) < 5 * (expected * (1 - expected)).sum().sqrt() / n
+
+
+def _outcomes(results) -> list:
+    """Each walk's whole outcome, (accepted path, emitted tokens), as one hashable category."""
+    return [(tuple(r.path), tuple(r.tokens)) for r in results]
+
+
+def test_onehot_and_standard_trees_have_target_onlys_law_and_run_as_it():
+    """rules.TARGET_ONLY_LAW. One 6-node tree (root children 1, 2; node 1's children 3, 4; node
+    2's child 5; siblings distinct tokens) under a random p at every node (V = 5, Dirichlet(1),
+    seed 3), n = 60,000 walks a rule, generators seeded 11 and 12. The outcomes (accepted path
+    and emitted tokens: 25 categories drawn) of onehot and of target_only pass a chi-square test
+    of homogeneity at alpha 1e-3 (p = 0.63 here), whose power against any law at total variation
+    0.03 is > 0.99 with these samples (asserted). The same test tells thresholded
+    (threshold_acc 0.5, lossy) apart from onehot (p < 1e-10): it can fail. The runner's mapping
+    (tree_rule_for_round) walks onehot and standard as target_only, and keeps them, in torch,
+    when a node has two children with one token."""
+    from specbench.distcheck import chisquare_homogeneity, power
+    from specbench.rules import distinct_siblings, tree_rule_for_round
+
+    tree = compile_tree(torch.tensor([-1, 0, 0, 1, 1, 2]))
+    labels = torch.tensor([0, 1, 3, 0, 2, 4])
+    torch.manual_seed(3)
+    p = torch.distributions.Dirichlet(torch.ones(5)).sample((6,))  # [6 nodes, V]
+    n = 60_000
+
+    def walk(rule, seed, **kw):
+        return _outcomes(verify_trees(rule, p.expand(n, 6, 5), labels.expand(n, 6), [tree] * n,
+                                      generator=torch.Generator().manual_seed(seed), **kw))
+
+    def counts(*samples):
+        keys = sorted(set().union(*samples))
+        return [[s.count(key) for key in keys] for s in samples]
+
+    onehot, target_only = walk("onehot", 11), walk("target_only", 12)
+    same = chisquare_homogeneity(*counts(onehot, target_only))
+    categories = len(set(onehot) | set(target_only))
+    assert categories >= 15 and power(n, 0.03, 1e-3, categories, two_sample=True) > 0.99
+    assert same.pvalue > 1e-3, same
+    lossy = chisquare_homogeneity(*counts(onehot, walk("thresholded", 12, threshold_acc=0.5)))
+    assert lossy.pvalue < 1e-10, lossy
+
+    drafts = np.array([[1, 3, 0, 2, 4], [7, 7, 0, 0, 0]])  # request 1: two root children of token 7
+    parents = np.array([[0, 0, 1, 1, 2], [0, 0, 0, 0, 0]])
+    assert distinct_siblings(drafts[:1], parents[:1], [5]) and distinct_siblings(drafts, parents, [5, 1])
+    assert not distinct_siblings(drafts, parents, [5, 2])
+    for rule in ("onehot", "standard"):
+        assert tree_rule_for_round(rule, "triton", drafts, parents, [5, 1]) == ("target_only", "triton")
+        assert tree_rule_for_round(rule, "triton", drafts, parents, [5, 2]) == (rule, "torch")
+    for rule in ("target_only", "thresholded"):  # as asked, repeated siblings or not
+        assert tree_rule_for_round(rule, "triton", drafts, parents, [5, 2]) == (rule, "triton")
