@@ -38,6 +38,7 @@ from __future__ import annotations
 import math
 from typing import Optional
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
@@ -218,7 +219,7 @@ def launch(
     block_v, S, tiles = launch_shape(B, V, device, block_v, splits)
     parts = partials(B, S, device) if S > 1 else (tokens,) * 3  # unused at S = 1
     q = draft_probs.contiguous() if rule == "standard" else target_probs  # never read unless standard
-    log_acc = float(torch.tensor(math.log(threshold_acc), dtype=torch.float32))
+    log_acc = float(np.float32(math.log(threshold_acc)))  # rounded to fp32 as the reference's tensor, no dispatch
     _chain_kernel[(B, S)](
         target_probs, q, draft_tokens, uniforms.contiguous(), noise.contiguous(), tokens, num, *parts,
         k, log_acc, float(threshold_single), V=V,

@@ -157,7 +157,16 @@ def finish(parts: tuple, num: torch.Tensor, out: torch.Tensor) -> None:
     finish_kernel[(B,)](part_m, part_r, part_p, num, out, out.shape[1], S, SB=triton.next_power_of_2(S))
 
 
+_PARTIALS: dict = {}  # (B, S, device) -> the split programs' keys, reused launch after launch
+
+
 def partials(B: int, S: int, device) -> tuple:
-    return (torch.empty((B, S), dtype=torch.float32, device=device),
-            torch.empty((B, S), dtype=torch.int64, device=device),
-            torch.empty((B, S), dtype=torch.int64, device=device))
+    """([B, S] fp32 max r, [B, S] int64 keys of r, of p) for a launch split S ways: the same
+    three buffers for every launch of that shape (three allocations fewer a sampled round; the
+    split programs write them and `finish` reads them before any later launch on the stream can)."""
+    key = (B, S, torch.device(device))
+    if key not in _PARTIALS:
+        _PARTIALS[key] = (torch.empty((B, S), dtype=torch.float32, device=device),
+                          torch.empty((B, S), dtype=torch.int64, device=device),
+                          torch.empty((B, S), dtype=torch.int64, device=device))
+    return _PARTIALS[key]

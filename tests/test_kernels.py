@@ -572,6 +572,22 @@ def test_kernel_bench_tiny(tmp_path):
     assert all(r["kernel_ms"] > 0 and r["floor_bytes"] > 0 and r["torch_ms"] > 0 for r in rows)
 
 
+@needs_triton
+def test_rule_host_bench_tiny(tmp_path):
+    """experiments/rule_host_bench.py --tiny: every piece timed and its host operations counted
+    at both batch sizes; the rule steps dispatch at least what their parts do."""
+    out = subprocess.run([sys.executable, str(ROOT / "experiments" / "rule_host_bench.py"), str(tmp_path), "--tiny"],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    results = json.loads((tmp_path / "rule_host_bench.json").read_text())
+    assert {"device", "torch", "triton", "git_sha", "date", "k", "V"} <= set(results)
+    assert [r["B"] for r in results["rows"]] == [1, 2]
+    for row in results["rows"]:
+        pieces = ("copy", "noise", "launch", "rule", "rule_torch", "tree", "tree_torch")
+        assert all(row[f"{p}_ms"] > 0 and row[f"{p}_ops"] > 0 for p in pieces), row
+        assert row["sync_ops"] == 0 and row["rule_ops"] >= row["noise_ops"] + row["launch_ops"] + row["copy_ops"]
+
+
 def test_the_kernels_directory_hands_its_top_level_name_over(tmp_path):
     """Run from the repository root, `import kernels` finds kernels/ first; it must yield the
     Hugging Face `kernels` package that transformers (5.25 on) imports when there is one (here a

@@ -1,0 +1,157 @@
+"""Issue 6 d: what a sampled round's rule costs the host, piece by piece.
+
+    python experiments/rule_host_bench.py OUT [--batches 1,8,48] [--k 4] [--vocab 49152] [--reps 200] [--tiny]
+
+At T = 0.7 a chain round's `other_ms` was 0.32 ms above a greedy round's at batch 1, 8 and 48,
+with the GPU busy for 0.016 ms of a round's "other" phase (H100, results/2026-12-06-h100-fullwarmup).
+This times the pieces of the runner's rule step (specbench.runner._verify_chain) side by side in
+one process. The device is synchronised after every call, so each time is what the host waits
+for, dispatch and launch included:
+
+    sync        torch.cuda.synchronize() alone (what every piece below includes once)
+    copy        the tokens and counts to the host in one copy (torch.cat + tolist), as the runner
+    noise       kernels.chain.draw_noise: the coins [B, k] and the noise [B, V]
+    launch      kernels.chain.launch on drawn noise: the chain kernel, and the split merge when a
+                request's vocabulary is split over several programs (small B)
+    rule        rules.verify_chain(onehot, impl=triton) then the copy: the runner's whole rule step
+                for a deterministic drafter (ngram, layerskip, draft_model greedy, eagle3)
+    rule_torch  the same with impl=torch
+    tree        rules.verify_trees(target_only, impl=triton): a 9-node tree a request (the root's 4
+                children, a chain of 4 under the first), tokens and paths back on the host
+    tree_torch  the same with impl=torch (numpy walks: what ngram_trie's sampled rounds ran before
+                they were walked as target_only)
+
+Per piece: the median wall time a call over `reps` calls, and the aten operations one call
+dispatches (specbench.graphs.HostOps). Inputs: p = softmax(3 z) over [B, k + 1, V] fp32, drafts
+the argmax of p with probability 0.5, else a random token. Writes OUT/rule_host_bench.json
+(provenance: device, versions, git SHA, date) and prints a table.
+
+--tiny: B in {1, 2}, V = 96, 3 reps, on the CPU under TRITON_INTERPRET=1 (set here before the
+kernels are imported) to check the script, not to time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+if not torch.cuda.is_available():  # the interpreter: chosen when triton is first imported
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from specbench import provenance  # noqa: E402
+from specbench.graphs import HostOps  # noqa: E402
+from specbench.kernels import chain  # noqa: E402
+from specbench.rules import verify_chain, verify_trees  # noqa: E402
+from specbench.tree import compile_tree  # noqa: E402
+
+TREE = [-1, 0, 0, 0, 0, 1, 5, 6, 7]  # tree form: the root's 4 children, a chain of 4 under node 1
+PIECES = ("sync", "copy", "noise", "launch", "rule", "rule_torch", "tree", "tree_torch")
+
+
+def per_call_ms(fn, sync, reps: int) -> float:
+    """Median wall ms of fn() followed by a device synchronisation, after 3 untimed calls."""
+    for _ in range(3):
+        fn()
+        sync()
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - start)
+    return 1e3 * statistics.median(times)
+
+
+def host_ops(fn) -> int:
+    with HostOps() as count:
+        fn()
+    return count.n
+
+
+def pieces(B: int, k: int, V: int, device: torch.device) -> dict:
+    """The calls to time at batch B: name -> a function of no arguments."""
+    g = torch.Generator(device).manual_seed(B)
+    p = torch.softmax(3 * torch.randn(B, k + 1, V, device=device, generator=g), -1)  # [B, k+1, V]
+    guess = torch.randint(0, V, (B, k), device=device, generator=g)
+    drafts = torch.where(torch.rand(B, k, device=device, generator=g) < 0.5, p[:, :k].argmax(-1), guess)  # [B, k]
+    uniforms, noise = chain.draw_noise(B, k, V, g, device)
+    tokens, num = chain.launch("onehot", p, drafts, None, uniforms, noise)
+
+    def copy(tokens, num):
+        return torch.cat([tokens, num[:, None]], 1).tolist()  # [B, k + 2] on the host
+
+    def rule(impl):
+        result = verify_chain("onehot", p, drafts, None, generator=g, impl=impl)
+        return copy(result.tokens, result.num_accepted)
+
+    tree = compile_tree(torch.tensor(TREE))
+    N = len(TREE)
+    p_tree = torch.softmax(3 * torch.randn(B, N, V, device=device, generator=g), -1)  # [B, N, V]
+    node_tokens = torch.zeros(B, N, dtype=torch.int64, device=device)
+    node_tokens[:, 1:5] = torch.multinomial(p_tree[:, 0], 4, generator=g)  # distinct siblings
+    for i in range(5, N):
+        node_tokens[:, i] = p_tree[:, TREE[i]].argmax(-1)
+
+    def trees(impl):
+        return verify_trees("target_only", p_tree, node_tokens, [tree] * B, generator=g, impl=impl)
+
+    return {
+        "sync": lambda: None,
+        "copy": lambda: copy(tokens, num),
+        "noise": lambda: chain.draw_noise(B, k, V, g, device),
+        "launch": lambda: chain.launch("onehot", p, drafts, None, uniforms, noise),
+        "rule": lambda: rule("triton"),
+        "rule_torch": lambda: rule("torch"),
+        "tree": lambda: trees("triton"),
+        "tree_torch": lambda: trees("torch"),
+    }
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--batches", default="1,8,48")
+    ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--vocab", type=int, default=49152, help="the default model's vocabulary")
+    ap.add_argument("--reps", type=int, default=200)
+    ap.add_argument("--tiny", action="store_true")
+    args = ap.parse_args(argv)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    batches = (1, 2) if args.tiny else tuple(int(b) for b in args.batches.split(","))
+    V, reps = (96, 3) if args.tiny else (args.vocab, args.reps)
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    results = dict(device=provenance.device_name(device), torch=torch.__version__,
+                   triton=importlib.metadata.version("triton"), git_sha=provenance.git_sha(),
+                   date=time.strftime("%Y-%m-%dT%H:%M:%S%z"), interpreted=chain.INTERPRETED, k=args.k, V=V,
+                   reps=reps, rows=[])
+    args.out.mkdir(parents=True, exist_ok=True)
+    for B in batches:
+        calls = pieces(B, args.k, V, device)
+        row = {"B": B}
+        for name in PIECES:  # alternated by piece within one batch size, all in this process
+            row[f"{name}_ms"] = per_call_ms(calls[name], sync, reps)
+            row[f"{name}_ops"] = host_ops(calls[name])
+        results["rows"].append(row)
+        print(row, flush=True)
+        (args.out / "rule_host_bench.json").write_text(json.dumps(results, indent=1) + "\n")
+    print_table(results)
+    return 0
+
+
+def print_table(r: dict) -> None:
+    print(f"\n{r['device']}  torch {r['torch']}  triton {r['triton']}  {r['date']}  sha {r['git_sha']}"
+          f"  k {r['k']}  V {r['V']}  (ms a call, synchronised; aten ops a call)")
+    print(f"{'B':>3s} " + " ".join(f"{name:>13s}" for name in PIECES))
+    for row in r["rows"]:
+        print(f"{row['B']:3d} " + " ".join(f"{row[f'{n}_ms']:7.3f} ({row[f'{n}_ops']:3d})" for n in PIECES))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
