@@ -1,12 +1,16 @@
-"""ngram_trie's host cost per round, walking every path against reusing the known ones (issue 6, d).
+"""ngram_trie's host cost per round, three ways side by side (issue 6, d).
 
 ngram_trie drafts on the host in Python: each round inserts every request's new tokens into the
 shared trie, then matches and expands. A round at batch 48 cost 3.5 to 3.9 ms of drafting on an
-H100 host (results/2026-12-05-h100-night). Here both insertions run side by side in one
-process, in alternating blocks of rounds over the same histories: `walk` (every path from the
-root: about max_trie_depth^2 / 2 node visits per new token) and `known` (each request's growing
-paths kept from its previous insert: max_trie_depth lookups per new token; NgramTrie.insert).
-Both leave the same trie (tests/test_ngram_trie.py).
+H100 host (results/2026-12-05-h100-night). Here three variants run side by side in one process,
+in alternating blocks of rounds over the same histories:
+  walk   every path inserted from the root (about max_trie_depth^2 / 2 node visits per new
+         token), every window found from the root (the code before 87daf79)
+  find   each request's growing paths kept from its previous insert (max_trie_depth lookups per
+         new token; NgramTrie.insert), every window found from the root (87daf79)
+  known  the same insert, each window's node taken from the paths it just extended
+         (NgramTrieDrafter.window_nodes: no walk)
+All three leave the same trie and propose the same trees (tests/test_ngram_trie.py).
 
 The histories are synthetic, with no model: requests of 60 to 400 tokens from a Zipf-distributed
 vocabulary of 49152, 70 % of them phrases drawn from a shared bank (repeats, as real text has),
@@ -56,16 +60,23 @@ class Texts:
         return out[:n]
 
 
+def finding(drafter: NgramTrieDrafter) -> NgramTrieDrafter:
+    """The drafter finding every window from the root."""
+    drafter.window_nodes = lambda request_id: None
+    return drafter
+
+
 def walking(drafter: NgramTrieDrafter) -> NgramTrieDrafter:
-    """The drafter with its known paths dropped: every insert walks every path."""
+    """The drafter with its known paths dropped: every insert walks every path, and every
+    window is found from the root."""
     walk = NgramTrie.insert
     drafter.trie.insert = lambda tokens, first_new, known=None: walk(drafter.trie, tokens, first_new)
-    return drafter
+    return finding(drafter)
 
 
 def bench(batch: int, rounds: int, blocks: int, seed: int = 0) -> dict:
     """ms a round of propose() for each variant, blocks of `rounds` rounds alternating."""
-    variants = {"walk": walking(NgramTrieDrafter()), "known": NgramTrieDrafter()}
+    variants = {"walk": walking(NgramTrieDrafter()), "find": finding(NgramTrieDrafter()), "known": NgramTrieDrafter()}
     texts = Texts(seed)
     histories = [texts.tokens(int(texts.rng.integers(60, 400))) for _ in range(batch)]
     times = {name: [] for name in variants}
@@ -88,7 +99,7 @@ def bench(batch: int, rounds: int, blocks: int, seed: int = 0) -> dict:
                     h += g
             times[name].append(elapsed / rounds * 1e3)
         histories = hist
-    same = variants["walk"].trie._count == variants["known"].trie._count
+    same = variants["walk"].trie._count == variants["find"].trie._count == variants["known"].trie._count
     return {"batch": batch, "rounds": rounds, "blocks": blocks, "ms": times, "same_trie": same,
             "trie_nodes": len(variants["known"].trie)}
 
@@ -108,10 +119,12 @@ def main(argv=None) -> int:
                   "python": platform.python_version(), "git_sha": provenance.git_sha(),
                   "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **provenance.versions()}
         (args.out / "trie_bench.json").write_text(json.dumps(record, indent=1) + "\n")
-    print(f"{'batch':>5} {'walk ms':>9} {'known ms':>9} {'walk/known':>10} {'same trie':>9} {'nodes':>8}")
+    print(f"{'batch':>5} {'walk ms':>9} {'find ms':>9} {'known ms':>9} {'walk/known':>10} {'find/known':>10} "
+          f"{'same trie':>9} {'nodes':>8}")
     for r in results:
-        walk, known = (statistics.median(r["ms"][n]) for n in ("walk", "known"))
-        print(f"{r['batch']:>5} {walk:>9.3f} {known:>9.3f} {walk / known:>10.2f} {str(r['same_trie']):>9} {r['trie_nodes']:>8}")
+        walk, find, known = (statistics.median(r["ms"][n]) for n in ("walk", "find", "known"))
+        print(f"{r['batch']:>5} {walk:>9.3f} {find:>9.3f} {known:>9.3f} {walk / known:>10.2f} {find / known:>10.2f} "
+              f"{str(r['same_trie']):>9} {r['trie_nodes']:>8}")
     return 0
 
 

@@ -330,6 +330,23 @@ def test_random_proposals_are_valid_trees(capacity):
     assert nonempty > 20  # the check above ran on real trees
 
 
+def growing_rounds(rng: random.Random, drafters, rounds: int = 60):
+    """Each round's histories {id: tokens} of 5 requests over 12 tokens, growing by 1 to 4
+    tokens a round; id 1 starts over at round 25, id 2 is released by every drafter and reused
+    at round 40."""
+    histories = {rid: [rng.randrange(12) for _ in range(rng.randint(1, 9))] for rid in range(5)}
+    for step in range(rounds):
+        for rid in histories:
+            histories[rid] += [rng.randrange(12) for _ in range(rng.randint(1, 4))]
+        if step == 25:
+            histories[1] = [rng.randrange(12) for _ in range(5)]  # the id starts over
+        if step == 40:
+            for d in drafters:
+                d.release([2])
+            histories[2] = [rng.randrange(12) for _ in range(3)]
+        yield histories
+
+
 @pytest.mark.parametrize("capacity", [10_000, 400])
 def test_known_paths_leave_the_trie_as_walking_every_path_does(capacity):
     """NgramTrie.insert with the previous insert's node lists (`known`, kept per request by the
@@ -337,22 +354,12 @@ def test_known_paths_leave_the_trie_as_walking_every_path_does(capacity):
     stamp and children of every node, the clock, and the proposals are equal after each of 60
     rounds of 5 requests growing by 1 to 4 tokens (one id restarting, one released and reused).
     Capacity 400 starts the LRU list partway, from where every path is walked."""
-    rng = random.Random(capacity)
     fast = drafter(capacity=capacity, max_trie_depth=6, max_match_window=4, max_bfs_breadth=3)
     slow = drafter(capacity=capacity, max_trie_depth=6, max_match_window=4, max_bfs_breadth=3)
     walk = type(slow.trie).insert
     slow.trie.insert = lambda tokens, first_new, known=None: walk(slow.trie, tokens, first_new)
-    histories = {rid: [rng.randrange(12) for _ in range(rng.randint(1, 9))] for rid in range(5)}
     used_known = 0
-    for step in range(60):
-        for rid in histories:
-            histories[rid] += [rng.randrange(12) for _ in range(rng.randint(1, 4))]
-        if step == 25:
-            histories[1] = [rng.randrange(12) for _ in range(5)]  # the id starts over
-        if step == 40:
-            for d in (fast, slow):
-                d.release([2])
-            histories[2] = [rng.randrange(12) for _ in range(3)]
+    for histories in growing_rounds(random.Random(capacity), (fast, slow)):
         used_known += len(fast._paths)
         ids = list(histories)
         got = propose(fast, [histories[r] for r in ids], k=3, num_draft_tokens=6, ids=ids)[0]
@@ -362,6 +369,32 @@ def test_known_paths_leave_the_trie_as_walking_every_path_does(capacity):
         assert (a._token, a._parent, a._count, a._stamp, a._children, a._clock, len(a)) == \
                (b._token, b._parent, b._count, b._stamp, b._children, b._clock, len(b))
     assert used_known > (250 if capacity == 10_000 else 20), used_known  # the fast drafter used its node lists
+    assert (fast.trie._lru is not None) == (capacity == 400)
+
+
+@pytest.mark.parametrize("capacity", [10_000, 400])
+def test_window_nodes_from_the_insert_draft_what_finding_them_drafts(capacity):
+    """The drafter takes each window's trie node from its insert's growing paths
+    (window_nodes); the same drafter finding every window from the root proposes the same trees
+    over 60 rounds of 5 requests (one id restarting, one released and reused). Every window
+    node given is find's node. With capacity 400 the LRU list starts partway and the windows
+    are found from the root from then on."""
+    fast = drafter(capacity=capacity, max_trie_depth=6, max_match_window=4, max_bfs_breadth=3)
+    slow = drafter(capacity=capacity, max_trie_depth=6, max_match_window=4, max_bfs_breadth=3)
+    slow.window_nodes = lambda request_id: None
+    given = 0
+    for histories in growing_rounds(random.Random(capacity + 1), (fast, slow)):
+        ids = list(histories)
+        got = propose(fast, [histories[r] for r in ids], k=3, num_draft_tokens=6, ids=ids)[0]
+        want = propose(slow, [histories[r] for r in ids], k=3, num_draft_tokens=6, ids=ids)[0]
+        assert got == want
+        for rid in ids:
+            windows = fast.window_nodes(rid)
+            if windows is not None:
+                given += 1
+                assert windows == [fast.trie.find(histories[rid][-n:]) for n in range(1, len(windows) + 1)]
+                assert len(windows) >= min(len(histories[rid]), fast.max_match_window)
+    assert given > (250 if capacity == 10_000 else 20), given
     assert (fast.trie._lru is not None) == (capacity == 400)
 
 

@@ -19,8 +19,10 @@ request saying it again would. Every request of the batch is inserted before any
 
 Matching and drafting (SGLang's BFS match type, with the differences listed below). For every
 window n from min(T, max_match_window) down to min_match_window, walk the trie along the last n
-tokens of the history; every window that is found (the history's own suffix always is, so only
-windows whose node has children add anything) is expanded breadth-first into one shared draft
+tokens of the history (or, until eviction is possible, take the node the insert just reached at
+the end of that path: the same node, no walk); every window that is found (the history's own
+suffix always is, so only windows whose node has children add anything) is expanded
+breadth-first into one shared draft
 tree, longest window first. Node 0 of the tree is the last token, so each window's node stands
 for the root; a token already present under the same draft parent is reused, so shorter windows
 add siblings and extend branches the longer ones started. A trie node at depth D (the window
@@ -377,8 +379,21 @@ class NgramTrieDrafter:
             self._inserted.pop(request_id, None)
             self._paths.pop(request_id, None)
 
-    def draft(self, history: Sequence[int], k: int, max_nodes: int) -> tuple[list[int], list[int]]:
+    def window_nodes(self, request_id: Hashable) -> Optional[list[int]]:
+        """The trie node of each window of the request's history as last inserted, [n - 1] for
+        the last n tokens: the last node of each growing path its insert extended (shortest
+        path last), which `find` would walk down to again. None when the trie may have evicted
+        since (the LRU list is kept) or the request keeps no paths."""
+        paths = self._paths.get(request_id)
+        if paths is None or self.trie._lru is not None:
+            return None
+        return [path[-1] for path in reversed(paths)]
+
+    def draft(self, history: Sequence[int], k: int, max_nodes: int,
+              windows: Optional[Sequence[int]] = None) -> tuple[list[int], list[int]]:
         """The draft tree after a history (its last token is the root), from the trie as it is.
+        windows: the trie node of each window, [n - 1] for the last n tokens (window_nodes), or
+        None: each window is found from the root.
 
         Returns (tokens [m], parents [m] in 0..m, 0 = root), m <= max_nodes, laid out level by level.
         """
@@ -390,7 +405,10 @@ class NgramTrieDrafter:
         token_of = self.trie._token
         longest = min(len(history), self.max_match_window)
         for n in range(longest, self.min_match_window - 1, -1):
-            matched = self.trie.find(history[len(history) - n :])
+            if windows is not None and n <= len(windows):
+                matched = windows[n - 1]
+            else:
+                matched = self.trie.find(history[len(history) - n :])
             if matched is None:
                 continue
             queue = deque([(0, matched, n, 0)])  # draft node, trie node, trie depth, draft depth
@@ -419,9 +437,9 @@ class NgramTrieDrafter:
         flat_tokens = [-1] * (B * M)  # [B * M], filled row by row, one tensor per batch below
         flat_parents = [0] * (B * M)  # 0 in unused columns
         counts = [0] * B
-        for b, history in enumerate(histories):
+        for b, (rid, history) in enumerate(zip(ids, histories)):
             tail = history[-self.max_match_window :].tolist()  # [<= max_match_window] the windows
-            toks, pars = self.draft(tail, state.k, M)
+            toks, pars = self.draft(tail, state.k, M, self.window_nodes(rid))
             m = len(toks)
             flat_tokens[b * M : b * M + m] = toks
             flat_parents[b * M : b * M + m] = pars
