@@ -102,7 +102,8 @@ if [[ $parts == *" profiles "* ]]; then
     "$py" "$(dirname "$0")/round_profile.py" "$out/profiles/$name" "$@" "${engine[@]}" "${t[@]}" 2>&1 | quiet
     # the traces are too big to fetch, and a device call brings back files two folders deep at most:
     # OUT/x/profiles/NAME.json comes back, OUT/x/profiles/NAME/round_profile.json did not (2026-12-06)
-    mv "$out/profiles/$name/round_profile.json" "$out/profiles/$name.json" && rm -rf "${out:?}/profiles/$name"
+    mv "$out/profiles/$name/round_profile.json" "$out/profiles/$name.json" 2> /dev/null  # none if the job failed (see the log)
+    rm -rf "${out:?}/profiles/$name"
   }
   profile synthetic +drafter=synthetic "drafter.acceptance_rates=[0.8]" drafter.coins=quasi k=4 dataset.num_prompts=2 max_new_tokens=96
   # its drafting took 27.7 ms a round on an H100 at 1d7f320 (the torch search's padding), 0.24 ms at 4e92ceb
