@@ -17,13 +17,13 @@ for, dispatch and launch included:
                 for a deterministic drafter (ngram, layerskip, draft_model greedy, eagle3)
     rule_torch  the same with impl=torch
     tree        rules.verify_trees(target_only, impl=triton): a 9-node tree a request (the root's 4
-                children, a chain of 4 under the first), tokens and paths back on the host
+                children, a chain of 4 under the first: kernel_bench's), tokens and paths back on the host
     tree_torch  the same with impl=torch (numpy walks: what ngram_trie's sampled rounds ran before
                 they were walked as target_only)
 
 Per piece: the median wall time a call over `reps` calls, and the aten operations one call
-dispatches (specbench.graphs.HostOps). Inputs: p = softmax(3 z) over [B, k + 1, V] fp32, drafts
-the argmax of p with probability 0.5, else a random token. Writes OUT/rule_host_bench.json
+dispatches (specbench.graphs.HostOps). Inputs: kernel_bench's (chain_inputs, tree_inputs: p =
+softmax(3 z), a draft the argmax of p with probability 0.7, else a draw). Writes OUT/rule_host_bench.json
 (provenance: device, versions, git SHA, date) and prints a table.
 
 --tiny: B in {1, 2}, V = 96, 3 reps, on the CPU under TRITON_INTERPRET=1 (set here before the
@@ -45,13 +45,13 @@ import torch
 if not torch.cuda.is_available():  # the interpreter: chosen when triton is first imported
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+from kernel_bench import SGLANG_TREE, chain_inputs, tree_inputs  # noqa: E402  (experiments/ is on sys.path)
 from specbench import provenance  # noqa: E402
 from specbench.graphs import HostOps  # noqa: E402
 from specbench.kernels import chain  # noqa: E402
 from specbench.rules import verify_chain, verify_trees  # noqa: E402
 from specbench.tree import compile_tree  # noqa: E402
 
-TREE = [-1, 0, 0, 0, 0, 1, 5, 6, 7]  # tree form: the root's 4 children, a chain of 4 under node 1
 PIECES = ("sync", "copy", "noise", "launch", "rule", "rule_torch", "tree", "tree_torch")
 
 
@@ -78,10 +78,7 @@ def host_ops(fn) -> int:
 def pieces(B: int, k: int, V: int, device: torch.device) -> dict:
     """The calls to time at batch B: name -> a function of no arguments."""
     g = torch.Generator(device).manual_seed(B)
-    p = torch.softmax(3 * torch.randn(B, k + 1, V, device=device, generator=g), -1)  # [B, k+1, V]
-    guess = torch.randint(0, V, (B, k), device=device, generator=g)
-    drafts = torch.where(torch.rand(B, k, device=device, generator=g) < 0.5, p[:, :k].argmax(-1), guess)  # [B, k]
-    uniforms, noise = chain.draw_noise(B, k, V, g, device)
+    p, drafts, _, uniforms, noise = chain_inputs(B, k, V, device, seed=B)  # [B, k+1, V], [B, k], ...
     tokens, num = chain.launch("onehot", p, drafts, None, uniforms, noise)
 
     def copy(tokens, num):
@@ -91,13 +88,8 @@ def pieces(B: int, k: int, V: int, device: torch.device) -> dict:
         result = verify_chain("onehot", p, drafts, None, generator=g, impl=impl)
         return copy(result.tokens, result.num_accepted)
 
-    tree = compile_tree(torch.tensor(TREE))
-    N = len(TREE)
-    p_tree = torch.softmax(3 * torch.randn(B, N, V, device=device, generator=g), -1)  # [B, N, V]
-    node_tokens = torch.zeros(B, N, dtype=torch.int64, device=device)
-    node_tokens[:, 1:5] = torch.multinomial(p_tree[:, 0], 4, generator=g)  # distinct siblings
-    for i in range(5, N):
-        node_tokens[:, i] = p_tree[:, TREE[i]].argmax(-1)
+    tree = compile_tree(torch.tensor(SGLANG_TREE))
+    p_tree, node_tokens = tree_inputs(B, V, device, seed=B)[:2]  # [B, N, V], [B, N]
 
     def trees(impl):
         return verify_trees("target_only", p_tree, node_tokens, [tree] * B, generator=g, impl=impl)

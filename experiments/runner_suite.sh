@@ -41,12 +41,13 @@ log="$out/log.txt"
 quiet() { grep -v -E "it/s\]|Warning|warn\(" | tee -a "$log"; }
 # OUT/rows.csv after every sweep, so that a call cut by its time limit still brings back the rows
 # so far (the results folder itself is too deep for a device call to fetch)
+# (collect RES CSV: the rows under RES into CSV, in the order they were written)
 collect() {
-  "$py" - "$res" "$out" <<'PY'
-import sys, pathlib
+  "$py" - "${1:-$res}" "${2:-$out/rows.csv}" <<'PY'
+import sys
 from specbench.analysis import load_results
-res, out = map(pathlib.Path, sys.argv[1:])
-load_results(res).to_csv(out / "rows.csv", index=False)
+rows = load_results(sys.argv[1])
+(rows.sort_values("timestamp") if "timestamp" in rows else rows).to_csv(sys.argv[2], index=False)  # none yet: empty
 PY
 }
 # A sweep runs in the background and is waited for, so that a TERM (timeout's) reaches the trap
@@ -118,11 +119,7 @@ if [[ $parts == *" first_job "* ]]; then
     "$py" -m specbench -m +drafter=ngram k=4 batch_size=8 dataset=mt_bench dataset.num_prompts=16 \
         max_new_tokens="$tokens" seed=0,1 warmup="$warmup" "${engine[@]}" "results_dir=$first_res" "${t[@]}" 2>&1 | quiet &
     wait $!
-    "$py" - "$first_res" "$out/first_job_$warmup.csv" <<'PY'
-import sys
-from specbench.analysis import load_results
-load_results(sys.argv[1]).sort_values("timestamp").to_csv(sys.argv[2], index=False)
-PY
+    collect "$first_res" "$out/first_job_$warmup.csv"
   done
 fi
 if [[ $parts == *" sampling "* ]]; then

@@ -170,7 +170,7 @@ def test_runner_suite_stopped_by_timeout_stops_its_sweep_and_collects(tmp_path):
     proc = runner_suite(tmp_path, ["timeout", "3"])
     assert proc.returncode == 124, proc.stderr
     assert (tmp_path / "calls").read_text().split() == ["collect", "-", str(tmp_path / "out" / "results"),
-                                                       str(tmp_path / "out")]
+                                                       str(tmp_path / "out" / "rows.csv")]
     pid = int((tmp_path / "job.pid").read_text())
     assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text()
 
