@@ -1,25 +1,31 @@
-"""ngram_trie's host cost per round, three ways side by side (issue 6, d).
+"""ngram_trie's host cost per round, several drafters side by side (issue 6, d).
 
 ngram_trie drafts on the host in Python: each round inserts every request's new tokens into the
 shared trie, then matches and expands. A round at batch 48 cost 3.5 to 3.9 ms of drafting on an
-H100 host (results/2026-12-05-h100-night). Here three variants run side by side in one process,
-in alternating blocks of rounds over the same histories:
+H100 host (results/2026-12-05-h100-night). Here several variants run side by side in one
+process, in alternating blocks of rounds over the same histories:
+  known  the drafter as it is: each request's growing paths kept from its previous insert
+         (max_trie_depth lookups per new token; NgramTrie.insert), each window's node taken
+         from the paths the insert just extended (NgramTrieDrafter.window_nodes: no walk)
+  find   the same insert, every window found from the root (the code at 87daf79)
   walk   every path inserted from the root (about max_trie_depth^2 / 2 node visits per new
          token), every window found from the root (the code before 87daf79)
-  find   each request's growing paths kept from its previous insert (max_trie_depth lookups per
-         new token; NgramTrie.insert), every window found from the root (87daf79)
-  known  the same insert, each window's node taken from the paths it just extended
-         (NgramTrieDrafter.window_nodes: no walk)
-All three leave the same trie and propose the same trees (tests/test_ngram_trie.py).
+  @REV   (--against REV) the drafter module as it was at git revision REV, loaded from git
+All of them leave the same trie and propose the same trees (tests/test_ngram_trie.py; here
+`same_trie` compares the counts).
 
 The histories are synthetic, with no model: requests of 60 to 400 tokens from a Zipf-distributed
 vocabulary of 49152, 70 % of them phrases drawn from a shared bank (repeats, as real text has),
-growing by 1 to 4 tokens a round (an accepted prefix and a bonus token). Host code only, so a
-CPU measures it; ratios are the result, not the absolute times of another host.
+growing by 1 to 4 tokens a round (an accepted prefix and a bonus token). Each round drafts
+k = 4 with a budget of --num-draft-tokens nodes (the root included; default k + 1, the runner
+suite's chains). Host code only, so a CPU measures it; ratios are the result, not the absolute
+times of another host.
 
     python experiments/trie_bench.py OUT [--batches 1,8,48] [--rounds 40] [--blocks 5]
+        [--variants known,find,walk] [--against REV] [--num-draft-tokens N]
 
-Writes OUT/trie_bench.json (every block, with provenance) and prints the table.
+Writes OUT/trie_bench.json (every block, with provenance) and prints the table: median ms a
+round of each variant and its ratio to `known`.
 """
 
 from __future__ import annotations
@@ -29,8 +35,10 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import numpy as np
@@ -74,34 +82,51 @@ def walking(drafter: NgramTrieDrafter) -> NgramTrieDrafter:
     return finding(drafter)
 
 
-def bench(batch: int, rounds: int, blocks: int, seed: int = 0) -> dict:
-    """ms a round of propose() for each variant, blocks of `rounds` rounds alternating."""
-    variants = {"walk": walking(NgramTrieDrafter()), "find": finding(NgramTrieDrafter()), "known": NgramTrieDrafter()}
+def at_revision(rev: str) -> types.ModuleType:
+    """specbench.drafters.ngram_trie as it was at git revision `rev` (run against today's
+    specbench otherwise)."""
+    path = "specbench/drafters/ngram_trie.py"
+    source = subprocess.run(["git", "show", f"{rev}:{path}"], capture_output=True, text=True, check=True,
+                            cwd=Path(__file__).resolve().parents[1]).stdout
+    module = types.ModuleType(f"ngram_trie_at_{rev}")
+    exec(compile(source, f"{rev}:{path}", "exec"), module.__dict__)
+    return module
+
+
+VARIANTS = {"known": NgramTrieDrafter, "find": lambda: finding(NgramTrieDrafter()),
+            "walk": lambda: walking(NgramTrieDrafter())}
+
+
+def bench(batch: int, rounds: int, blocks: int, variants: dict, num_draft_tokens=None, seed: int = 0) -> dict:
+    """ms a round of propose() for each variant {name: drafter}, blocks of `rounds` rounds alternating."""
     texts = Texts(seed)
     histories = [texts.tokens(int(texts.rng.integers(60, 400))) for _ in range(batch)]
+
+    def state(hist):
+        return DraftState(tokens=[torch.tensor(h) for h in hist], k=4, num_draft_tokens=num_draft_tokens,
+                          request_ids=tuple(range(batch)), host=[np.array(h, dtype=np.int64) for h in hist])
+
     times = {name: [] for name in variants}
     for drafter in variants.values():  # the prompts inserted untimed: a round's cost is its new tokens'
-        drafter.propose(DraftState(tokens=[torch.tensor(h) for h in histories], k=4, request_ids=tuple(range(batch)),
-                                   host=[np.array(h, dtype=np.int64) for h in histories]))
-    for _ in range(blocks):
+        drafter.propose(state(histories))
+    for block in range(blocks):
         growth = [[texts.tokens(int(texts.rng.integers(1, 5))) for _ in range(batch)] for _ in range(rounds)]
         start = [list(h) for h in histories]
-        for name, drafter in variants.items():  # the same rounds for each
-            hist = [list(h) for h in start]
-            elapsed = 0.0
+        names = list(variants)
+        for name in names[block % len(names):] + names[: block % len(names)]:  # the same rounds for each, first in turn
+            drafter, hist, elapsed = variants[name], [list(h) for h in start], 0.0
             for grow in growth:
-                state = DraftState(tokens=[torch.tensor(h) for h in hist], k=4, request_ids=tuple(range(batch)),
-                                   host=[np.array(h, dtype=np.int64) for h in hist])
+                round_state = state(hist)
                 t = time.perf_counter()
-                drafter.propose(state)
+                drafter.propose(round_state)
                 elapsed += time.perf_counter() - t
                 for h, g in zip(hist, grow):
                     h += g
             times[name].append(elapsed / rounds * 1e3)
         histories = hist
-    same = variants["walk"].trie._count == variants["find"].trie._count == variants["known"].trie._count
-    return {"batch": batch, "rounds": rounds, "blocks": blocks, "ms": times, "same_trie": same,
-            "trie_nodes": len(variants["known"].trie)}
+    counts = [d.trie._count for d in variants.values()]
+    return {"batch": batch, "rounds": rounds, "blocks": blocks, "num_draft_tokens": num_draft_tokens, "ms": times,
+            "same_trie": all(c == counts[0] for c in counts), "trie_nodes": len(next(iter(variants.values())).trie)}
 
 
 def main(argv=None) -> int:
@@ -110,21 +135,37 @@ def main(argv=None) -> int:
     ap.add_argument("--batches", default="1,8,48")
     ap.add_argument("--rounds", type=int, default=40)
     ap.add_argument("--blocks", type=int, default=5)
+    ap.add_argument("--variants", default="known,find,walk", help=f"some of {','.join(VARIANTS)}; known is always run")
+    ap.add_argument("--against", metavar="REV", help="also the drafter at this git revision")
+    ap.add_argument("--num-draft-tokens", type=int, help="the tree budget, the root included (default k + 1)")
     args = ap.parse_args(argv)
+    names = ["known"] + [v for v in args.variants.split(",") if v != "known"]
+    for name in names:
+        if name not in VARIANTS:
+            ap.error(f"--variants: unknown variant {name!r}; known ones: {', '.join(VARIANTS)}")
+    try:  # fails before anything is written
+        old = at_revision(args.against) if args.against else None
+    except subprocess.CalledProcessError as e:
+        ap.error(f"--against: {args.against!r}: {e.stderr.strip().splitlines()[-1] if e.stderr.strip() else 'git show failed'}")
     args.out.mkdir(parents=True, exist_ok=True)
     results = []
     for batch in (int(b) for b in args.batches.split(",")):
-        results.append(bench(batch, args.rounds, args.blocks))
-        record = {"results": results, "device": "cpu", "host": platform.platform(), "cpu_cores": os.cpu_count(),
-                  "python": platform.python_version(), "git_sha": provenance.git_sha(),
+        variants = {name: VARIANTS[name]() for name in names}
+        if old is not None:
+            variants[f"@{args.against}"] = old.NgramTrieDrafter()
+        results.append(bench(batch, args.rounds, args.blocks, variants, args.num_draft_tokens))
+        record = {"results": results, "against": args.against, "device": "cpu", "host": platform.platform(),
+                  "cpu_cores": os.cpu_count(), "python": platform.python_version(), "git_sha": provenance.git_sha(),
                   "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **provenance.versions()}
         (args.out / "trie_bench.json").write_text(json.dumps(record, indent=1) + "\n")
-    print(f"{'batch':>5} {'walk ms':>9} {'find ms':>9} {'known ms':>9} {'walk/known':>10} {'find/known':>10} "
-          f"{'same trie':>9} {'nodes':>8}")
+    columns = list(results[0]["ms"])
+    print(f"{'batch':>5} " + " ".join(f"{name + ' ms':>14}" for name in columns)
+          + " ".join(f" {name + '/known':>15}" for name in columns[1:]) + f" {'same trie':>9} {'nodes':>8}")
     for r in results:
-        walk, find, known = (statistics.median(r["ms"][n]) for n in ("walk", "find", "known"))
-        print(f"{r['batch']:>5} {walk:>9.3f} {find:>9.3f} {known:>9.3f} {walk / known:>10.2f} {find / known:>10.2f} "
-              f"{str(r['same_trie']):>9} {r['trie_nodes']:>8}")
+        ms = {name: statistics.median(r["ms"][name]) for name in columns}
+        print(f"{r['batch']:>5} " + " ".join(f"{ms[name]:>14.3f}" for name in columns)
+              + " ".join(f" {ms[name] / ms['known']:>15.2f}" for name in columns[1:])
+              + f" {str(r['same_trie']):>9} {r['trie_nodes']:>8}")
     return 0
 
 

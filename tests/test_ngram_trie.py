@@ -107,6 +107,25 @@ def test_equal_counts_ordered_by_recency():
     assert one(d, [1, 2, 4, 1, 2, 3, 1, 2], k=1, num_draft_tokens=3) == ([3, 4], [0, 0])
 
 
+@pytest.mark.parametrize("fanout", [7, 300])  # ranked_children sorts up to 256 children, uses a heap beyond
+def test_ranked_children_match_a_full_sort(fanout):
+    """Against sorting every child by (count desc, last touch desc), for every width, with
+    many equal counts; seed 0."""
+    from specbench.drafters.ngram_trie import NgramTrie
+
+    rng = random.Random(0)
+    trie = NgramTrie(capacity=100_000, max_depth=2)
+    followers = list(range(1, fanout + 1)) + [rng.randrange(1, fanout + 1) for _ in range(3 * fanout)]
+    rng.shuffle(followers)
+    text = [t for x in followers for t in (0, x)]  # bigrams (0, x): counts 1 to about 9, many ties
+    trie.insert(text, 0)
+    kids = list(trie.children(trie.find([0])).values())
+    assert len(kids) == fanout and len({trie.node_count(c) for c in kids}) > 3
+    full = sorted(kids, key=lambda c: (-trie.node_count(c), -trie._stamp[c]))
+    for width in (1, 2, 9, fanout - 1, fanout, fanout + 5):
+        assert trie.ranked_children(trie.find([0]), width) == full[:width]
+
+
 def test_two_level_tree_laid_out_level_by_level():
     # After [1, 2]: 4 (twice) then 3; after [1, 2, 4]: 7 (more recent) then 6; after [1, 2, 3]: 5.
     d = drafter(max_trie_depth=4, min_match_window=2, max_match_window=3, min_bfs_breadth=2, max_bfs_breadth=2)
@@ -369,7 +388,7 @@ def test_known_paths_leave_the_trie_as_walking_every_path_does(capacity):
         assert (a._token, a._parent, a._count, a._stamp, a._children, a._clock, len(a)) == \
                (b._token, b._parent, b._count, b._stamp, b._children, b._clock, len(b))
     assert used_known > (250 if capacity == 10_000 else 20), used_known  # the fast drafter used its node lists
-    assert (fast.trie._lru is not None) == (capacity == 400)
+    assert fast.trie.evicting == (capacity == 400)
 
 
 @pytest.mark.parametrize("capacity", [10_000, 400])
@@ -395,7 +414,7 @@ def test_window_nodes_from_the_insert_draft_what_finding_them_drafts(capacity):
                 assert windows == [fast.trie.find(histories[rid][-n:]) for n in range(1, len(windows) + 1)]
                 assert len(windows) >= min(len(histories[rid]), fast.max_match_window)
     assert given > (250 if capacity == 10_000 else 20), given
-    assert (fast.trie._lru is not None) == (capacity == 400)
+    assert fast.trie.evicting == (capacity == 400)
 
 
 # (7) configuration --------------------------------------------------------------------------
@@ -474,3 +493,55 @@ def test_proposals_match_the_frozen_fixture(name):
     got = frozen_proposals(*FROZEN_CASES[name])
     assert got == expected
     assert sum(len(tokens) for rnd in got for tokens, _ in rnd) > 50  # real trees were compared
+
+
+def test_level_order_against_a_breadth_first_walk():
+    """_level_order (with its shortcut for creation orders that are already breadth-first) against
+    a plain breadth-first renumbering, on 500 random trees (seed 0), half of them drafted level
+    by level (non-decreasing parents) as one window's walk drafts them."""
+    from collections import deque
+
+    from specbench.drafters.ngram_trie import _level_order
+
+    rng = random.Random(0)
+    shortcut = 0
+    for trial in range(500):
+        m = rng.randint(1, 9)
+        parents = [rng.randrange(i) for i in range(1, m + 1)]  # creation node i's parent, < i
+        if trial % 2:
+            parents.sort()
+        drafted = [(100 + i, p) for i, p in enumerate(parents, start=1)]
+        order, queue = [], deque([0])  # creation nodes, breadth-first, siblings in creation order
+        while queue:
+            kids = [c for c in range(1, m + 1) if parents[c - 1] == queue[0]]
+            queue.popleft()
+            order += kids
+            queue.extend(kids)
+        new = {0: 0, **{c: i for i, c in enumerate(order, start=1)}}
+        want = ([100 + c for c in order], [new[parents[c - 1]] for c in order])
+        assert _level_order(drafted) == want, drafted
+        shortcut += order == list(range(1, m + 1))
+    assert shortcut >= 250  # the sorted half takes the shortcut
+
+
+def test_trie_bench_runs_variants_side_by_side(tmp_path):
+    """experiments/trie_bench.py at a tiny size, with the drafter as it is at HEAD loaded from git:
+    every variant timed in every block, all leaving the same trie; a revision git does not know
+    is a one-line error before anything is written."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    script = [sys.executable, str(root / "experiments" / "trie_bench.py")]
+    out = subprocess.run(script + [str(tmp_path / "ok"), "--batches", "2", "--rounds", "2", "--blocks", "3",
+                                   "--variants", "find", "--against", "HEAD"],
+                         capture_output=True, text=True, timeout=300, cwd=root)
+    assert out.returncode == 0, out.stderr[-3000:]
+    record = json.loads((tmp_path / "ok" / "trie_bench.json").read_text())
+    (result,) = record["results"]
+    assert list(result["ms"]) == ["known", "find", "@HEAD"] and result["same_trie"] and result["trie_nodes"] > 0
+    assert all(len(ms) == 3 and min(ms) > 0 for ms in result["ms"].values())
+    assert {"git_sha", "date", "torch_version", "against"} <= set(record)
+    bad = subprocess.run(script + [str(tmp_path / "bad"), "--against", "no-such-revision"],
+                         capture_output=True, text=True, timeout=300, cwd=root)
+    assert bad.returncode == 2 and "--against" in bad.stderr.splitlines()[-1] and not (tmp_path / "bad").exists()

@@ -99,6 +99,12 @@ class NgramTrie:
         """Nodes held, the root excluded."""
         return self._size
 
+    @property
+    def evicting(self) -> bool:
+        """Whether nodes may be evicted from now on (an insertion could reach capacity). Until
+        then a node, once made, stays with its id."""
+        return self._lru is not None
+
     def children(self, node: int) -> dict[int, int]:
         """{token: child node} under a node (empty when it has none)."""
         return self._children[node] or {}
@@ -145,60 +151,80 @@ class NgramTrie:
         same history; None once eviction is possible (nodes can disappear; every path is walked).
         """
         L, T = self.max_depth, len(tokens)
-        children_of, count, stamps = self._children, self._count, self._stamp
-        token_of, parent_of = self._token, self._parent
-        growing = []  # node lists of the paths from s > T - L, in start order
         first_s = max(0, first_new - L + 1)
         if known is not None:
             assert len(known) == first_new - first_s, (len(known), first_new, first_s)
-        for s in range(first_s, T):
+        if self._lru is None:
+            full = max(0, T - L + 1 - first_s)  # paths of L tokens; the m after them are 1 .. m long
+            m = T - max(first_s, T - L + 1)
+            if self._size + full * L + m * (m + 1) // 2 <= self.capacity:  # no path can reach capacity
+                return self._extend(tokens, first_new, first_s, T, known)
+        growing = []  # node lists of the paths from s > T - L, in start order
+        for s in range(first_s, T):  # capacity is near: the LRU list may start at any path
             end = min(s + L, T)
-            new_depth = max(1, first_new - s + 1)
             if self._lru is None and self._size + (end - s) > self.capacity:
                 self._start_lru()
             if self._lru is not None:
-                self._insert_path(tokens[s:end], new_depth)
+                self._insert_path(tokens[s:end], max(1, first_new - s + 1))
                 growing = None
-                continue
-            # No eviction can happen (so no id is free): walk and extend the path once. Its
-            # nodes are touched deepest first, as _touch does: depth d gets clock + n - d + 1.
-            counted = s + new_depth - 1  # tokens[i] for i >= counted end a new occurrence
-            stamp = self._clock + (end - s)
-            self._clock = stamp
-            node, start = 0, s
-            path = []  # this path's nodes, kept where it may grow
+            else:
+                grown = self._extend(tokens, first_new, s, s + 1, None if known is None else known[s - first_s :])
+                if growing is not None:
+                    growing += grown
+        return growing
+
+    def _extend(self, tokens: Sequence[int], first_new: int, s_from: int, s_to: int,
+                known: Optional[list]) -> list:
+        """insert's paths from s_from to s_to, while no eviction can happen (no LRU list, so no
+        id is free): each path walked and extended once, its nodes touched deepest first, as
+        _touch does (depth d of an n-node path gets clock + n - d + 1). known: the node lists
+        of the old parts of these paths, from s_from on. Returns the node lists of the paths
+        that may still grow (those that end at the last token with fewer than max_depth)."""
+        L, T = self.max_depth, len(tokens)
+        children_of, count, stamps = self._children, self._count, self._stamp
+        token_of, parent_of = self._token, self._parent
+        clock, fresh = self._clock, len(token_of)  # fresh: the next new node's id
+        growing = []
+        for s in range(s_from, s_to):
+            end = min(s + L, T)
+            clock += end - s
+            stamp = clock
             if known is not None and s < first_new:  # the old part: nodes known, only touched
-                path = known[s - first_s]  # grown in place: the caller's copy is replaced by what this returns
+                path = known[s - s_from]  # grown in place: the caller's copy is replaced by what insert returns
                 for old in path:
                     stamps[old] = stamp
                     stamp -= 1
-                node, start = (path[-1] if path else 0), first_new
-            keep = growing is not None and s > T - L
+                node, start = path[-1], first_new
+            else:
+                path, node, start = [], 0, s
+            counted = max(s, first_new)  # tokens[i] for i >= counted end a new occurrence
             for i in range(start, end):
                 token = tokens[i]
                 children = children_of[node]
-                child = children.get(token) if children is not None else None
+                if children is None:
+                    children_of[node] = children = {}
+                    child = None
+                else:
+                    child = children.get(token)
                 if child is None:
-                    child = len(token_of)
+                    children[token] = child = fresh
+                    fresh += 1
                     token_of.append(token)
                     parent_of.append(node)
                     count.append(1)
                     stamps.append(stamp)
                     children_of.append(None)
-                    if children is None:
-                        children_of[node] = children = {}
-                    children[token] = child
-                    self._size += 1
                 else:
                     if i >= counted:
                         count[child] += 1
                     stamps[child] = stamp
                 stamp -= 1
                 node = child
-                if keep:
-                    path.append(child)
-            if keep:
+                path.append(child)
+            if end - s < L:  # it ends at the last token, short of max_depth: it may grow
                 growing.append(path)
+        self._clock = clock
+        self._size = fresh - 1  # every node but the root: none was freed
         return growing
 
     def _start_lru(self) -> None:
@@ -285,10 +311,15 @@ class NgramTrie:
         if len(children) == 1:
             return list(children.values())
         count, stamp = self._count, self._stamp
-        key = lambda c: (-count[c], -stamp[c])  # noqa: E731
+        # One int a child, count first: stamps are distinct (every touch takes a new clock
+        # value) and far below 2^48, so the order is exact. Sorting them all is the quicker
+        # way up to a few hundred children; a heap beyond (tries of frequent tokens).
+        key = lambda c: (count[c] << 48) + stamp[c]  # noqa: E731
         if width == 1:
-            return [min(children.values(), key=key)]
-        return heapq.nsmallest(width, children.values(), key=key)
+            return [max(children.values(), key=key)]
+        if len(children) <= 256:
+            return sorted(children.values(), key=key, reverse=True)[:width]
+        return heapq.nlargest(width, children.values(), key=key)
 
 
 class NgramTrieDrafter:
@@ -385,7 +416,7 @@ class NgramTrieDrafter:
         path last), which `find` would walk down to again. None when the trie may have evicted
         since (the LRU list is kept) or the request keeps no paths."""
         paths = self._paths.get(request_id)
-        if paths is None or self.trie._lru is not None:
+        if paths is None or self.trie.evicting:
             return None
         return [path[-1] for path in reversed(paths)]
 
@@ -416,7 +447,9 @@ class NgramTrieDrafter:
                 parent, node, depth, level = queue.popleft()
                 if level >= k:
                     continue
-                for child in self.trie.ranked_children(node, self.breadth(depth)):
+                # no more than max_nodes children are taken: each is a new draft node or one
+                # already under the same draft parent
+                for child in self.trie.ranked_children(node, min(self.breadth(depth), max_nodes)):
                     if len(drafted) >= max_nodes:
                         break
                     token = token_of[child]
@@ -455,6 +488,11 @@ class NgramTrieDrafter:
 def _level_order(drafted: list[tuple[int, int]]) -> tuple[list[int], list[int]]:
     """Renumber draft nodes (token, parent), given in creation order, breadth-first from the root,
     siblings in creation order. Returns (tokens [m], parents [m]) in proposal form."""
+    parents = [parent for _, parent in drafted]
+    if all(a <= b for a, b in zip(parents, parents[1:])):
+        # Already breadth-first (one window's BFS, the usual case): the root's children come
+        # first, then node 1's, node 2's, ..., so the renumbering below is the identity.
+        return [token for token, _ in drafted], parents
     children: list[list[int]] = [[] for _ in range(len(drafted) + 1)]  # creation node -> its children
     for i, (_, parent) in enumerate(drafted, start=1):
         children[parent].append(i)
