@@ -1,18 +1,21 @@
 """ngram_trie's host cost per round, several drafters side by side (issue 6, d).
 
-ngram_trie drafts on the host in Python: each round inserts every request's new tokens into the
-shared trie, then matches and expands. A round at batch 48 cost 3.5 to 3.9 ms of drafting on an
+ngram_trie drafts on the host: each round inserts every request's new tokens into the shared
+trie, then matches and expands. A round at batch 48 cost 3.5 to 3.9 ms of drafting on an
 H100 host (results/2026-12-05-h100-night). Here several variants run side by side in one
 process, in alternating blocks of rounds over the same histories:
-  known  the drafter as it is: each request's growing paths kept from its previous insert
+  native the compiled trie (drafter.impl=native, ngram_trie.cpp): every path walked from the
+         root, one call a round for the inserts and one for the trees
+  known  the Python trie as it is (drafter.impl=python): each request's growing paths kept from its previous insert
          (max_trie_depth lookups per new token; NgramTrie.insert), each window's node taken
          from the paths the insert just extended (NgramTrieDrafter.window_nodes: no walk)
   find   the same insert, every window found from the root (the code at 87daf79)
   walk   every path inserted from the root (about max_trie_depth^2 / 2 node visits per new
          token), every window found from the root (the code before 87daf79)
   @REV   (--against REV) the drafter module as it was at git revision REV, loaded from git
-All of them leave the same trie and propose the same trees (tests/test_ngram_trie.py; here
-`same_trie` compares the counts).
+         (its Python trie)
+All of them propose the same trees (tests/test_ngram_trie.py; here `same_trees` compares
+every round's proposals).
 
 The histories are synthetic, with no model: requests of 60 to 400 tokens from a Zipf-distributed
 vocabulary of 49152, 70 % of them phrases drawn from a shared bank (repeats, as real text has),
@@ -22,15 +25,17 @@ suite's chains). Host code only, so a CPU measures it; ratios are the result, no
 times of another host.
 
     python experiments/trie_bench.py OUT [--batches 1,8,48] [--rounds 40] [--blocks 5]
-        [--variants known,find,walk] [--against REV] [--num-draft-tokens N]
+        [--variants known,native,find,walk] [--against REV] [--num-draft-tokens N]
 
 Writes OUT/trie_bench.json (every block, with provenance) and prints the table: median ms a
-round of each variant and its ratio to `known`.
+round of each variant and `known`'s time over it (its speedup over the Python trie).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
+import inspect
 import json
 import os
 import platform
@@ -68,6 +73,10 @@ class Texts:
         return out[:n]
 
 
+def python() -> NgramTrieDrafter:
+    return NgramTrieDrafter(impl="python")
+
+
 def finding(drafter: NgramTrieDrafter) -> NgramTrieDrafter:
     """The drafter finding every window from the root."""
     drafter.window_nodes = lambda request_id: None
@@ -93,8 +102,8 @@ def at_revision(rev: str) -> types.ModuleType:
     return module
 
 
-VARIANTS = {"known": NgramTrieDrafter, "find": lambda: finding(NgramTrieDrafter()),
-            "walk": lambda: walking(NgramTrieDrafter())}
+VARIANTS = {"known": python, "native": lambda: NgramTrieDrafter(impl="native"),
+            "find": lambda: finding(python()), "walk": lambda: walking(python())}
 
 
 def bench(batch: int, rounds: int, blocks: int, variants: dict, num_draft_tokens=None, seed: int = 0) -> dict:
@@ -107,8 +116,11 @@ def bench(batch: int, rounds: int, blocks: int, variants: dict, num_draft_tokens
                           request_ids=tuple(range(batch)), host=[np.array(h, dtype=np.int64) for h in hist])
 
     times = {name: [] for name in variants}
+    trees = {name: [] for name in variants}  # every round's proposal, as bytes
     for drafter in variants.values():  # the prompts inserted untimed: a round's cost is its new tokens'
         drafter.propose(state(histories))
+    gc.collect()  # as the runner's timed_region: a collection in a round scans only what the rounds made
+    gc.freeze()
     for block in range(blocks):
         growth = [[texts.tokens(int(texts.rng.integers(1, 5))) for _ in range(batch)] for _ in range(rounds)]
         start = [list(h) for h in histories]
@@ -118,15 +130,18 @@ def bench(batch: int, rounds: int, blocks: int, variants: dict, num_draft_tokens
             for grow in growth:
                 round_state = state(hist)
                 t = time.perf_counter()
-                drafter.propose(round_state)
+                proposal = drafter.propose(round_state)
                 elapsed += time.perf_counter() - t
+                trees[name].append(b"".join(x.numpy().tobytes() for x in (proposal.tokens, proposal.parents,
+                                                                          proposal.num_tokens)))
                 for h, g in zip(hist, grow):
                     h += g
             times[name].append(elapsed / rounds * 1e3)
         histories = hist
-    counts = [d.trie._count for d in variants.values()]
+    first = next(iter(trees.values()))
     return {"batch": batch, "rounds": rounds, "blocks": blocks, "num_draft_tokens": num_draft_tokens, "ms": times,
-            "same_trie": all(c == counts[0] for c in counts), "trie_nodes": len(next(iter(variants.values())).trie)}
+            "same_trees": all(t == first for t in trees.values()),
+            "trie_nodes": len(next(iter(variants.values())).trie)}
 
 
 def main(argv=None) -> int:
@@ -135,7 +150,7 @@ def main(argv=None) -> int:
     ap.add_argument("--batches", default="1,8,48")
     ap.add_argument("--rounds", type=int, default=40)
     ap.add_argument("--blocks", type=int, default=5)
-    ap.add_argument("--variants", default="known,find,walk", help=f"some of {','.join(VARIANTS)}; known is always run")
+    ap.add_argument("--variants", default="known,native,find,walk", help=f"some of {','.join(VARIANTS)}; known is always run")
     ap.add_argument("--against", metavar="REV", help="also the drafter at this git revision")
     ap.add_argument("--num-draft-tokens", type=int, help="the tree budget, the root included (default k + 1)")
     args = ap.parse_args(argv)
@@ -152,7 +167,8 @@ def main(argv=None) -> int:
     for batch in (int(b) for b in args.batches.split(",")):
         variants = {name: VARIANTS[name]() for name in names}
         if old is not None:
-            variants[f"@{args.against}"] = old.NgramTrieDrafter()
+            takes_impl = "impl" in inspect.signature(old.NgramTrieDrafter).parameters  # from 2026-12-06 on
+            variants[f"@{args.against}"] = old.NgramTrieDrafter(**({"impl": "python"} if takes_impl else {}))
         results.append(bench(batch, args.rounds, args.blocks, variants, args.num_draft_tokens))
         record = {"results": results, "against": args.against, "device": "cpu", "host": platform.platform(),
                   "cpu_cores": os.cpu_count(), "python": platform.python_version(), "git_sha": provenance.git_sha(),
@@ -160,12 +176,12 @@ def main(argv=None) -> int:
         (args.out / "trie_bench.json").write_text(json.dumps(record, indent=1) + "\n")
     columns = list(results[0]["ms"])
     print(f"{'batch':>5} " + " ".join(f"{name + ' ms':>14}" for name in columns)
-          + " ".join(f" {name + '/known':>15}" for name in columns[1:]) + f" {'same trie':>9} {'nodes':>8}")
+          + " ".join(f" {'known/' + name:>15}" for name in columns[1:]) + f" {'same trees':>10} {'nodes':>8}")
     for r in results:
         ms = {name: statistics.median(r["ms"][name]) for name in columns}
         print(f"{r['batch']:>5} " + " ".join(f"{ms[name]:>14.3f}" for name in columns)
-              + " ".join(f" {ms[name] / ms['known']:>15.2f}" for name in columns[1:])
-              + f" {str(r['same_trie']):>9} {r['trie_nodes']:>8}")
+              + " ".join(f" {ms['known'] / ms[name]:>15.2f}" for name in columns[1:])
+              + f" {str(r['same_trees']):>10} {r['trie_nodes']:>8}")
     return 0
 
 

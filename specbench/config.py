@@ -124,6 +124,9 @@ class NgramTrieConfig(DrafterConfig):
     max_match_window: int = 12
     min_bfs_breadth: int = 1  # children kept per node in the breadth-first walk
     max_bfs_breadth: int = 10
+    # the trie: native (ngram_trie.cpp, built with the host's C++ compiler), python (the
+    # reference), or auto (native where it builds, else python with a warning)
+    impl: str = "auto"
 
 
 @dataclass
@@ -341,7 +344,8 @@ def validate(cfg: DictConfig | SpecBenchConfig) -> None:
         if value is not None and not 0 < value <= 1:
             raise ConfigError(f"rule.{key}", value, "must be in (0, 1]")
     for key, node in (("rule.impl", cfg.rule), ("drafter.impl", cfg.drafter)):
-        if node is not None and node.get("impl") is not None:
+        # ngram_trie's drafter.impl picks its trie (auto, python, native): its constructor checks it
+        if node is not None and node.get("impl") is not None and node.get("name") != "ngram_trie":
             _validate_impl(cfg, key, node.impl)
     if cfg.get("tree") is not None:
         _validate_tree(cfg)

@@ -262,6 +262,7 @@ def run(cfg: DictConfig, row: dict) -> tuple[list, list]:
     spec = Speculation(drafter, rule, cfg.k, rule_params, topk, num_draft_tokens, impl) if drafter is not None else None
     # what verified the sampled rounds (greedy rounds walk the argmaxes on the host; the control dictates)
     row["rule_impl"] = impl if spec is not None and not params.greedy and not hasattr(drafter, "forced_acceptance") else None
+    row["drafter_impl"] = getattr(drafter, "impl", None)  # what drafted (ngram: torch / triton; ngram_trie: python / native)
     kw = dict(cfg=cfg, params=params, eos=eos)
 
     base_file = baseline_path(cfg, device, next(model.parameters()).dtype, len(prompts), row["git_sha"])

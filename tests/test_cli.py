@@ -163,6 +163,14 @@ def test_bad_value_exits_nonzero_with_one_line_and_a_failed_row(tmp_path):
     assert rows.status.tolist() == ["failed"] and rows.error[0] == "k=0: must be >= 1"
 
 
+def test_a_bad_trie_impl_is_one_line_and_a_failed_row(tmp_path):
+    """ngram_trie's drafter.impl is checked by the drafter (its impls are not ngram's), before any model work."""
+    proc = cli("+drafter=ngram_trie", "drafter.impl=triton", f"results_dir={tmp_path}")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1] == "error: drafter.impl=triton: valid: auto, python, native"
+    assert load_results(tmp_path).status.tolist() == ["failed"]
+
+
 def test_baseline_then_speculative_runs_on_a_local_checkpoint(tiny_checkpoint, tmp_path):
     base = cli(*tiny(tiny_checkpoint, tmp_path))
     assert base.returncode == 0, base.stderr
@@ -175,6 +183,7 @@ def test_baseline_then_speculative_runs_on_a_local_checkpoint(tiny_checkpoint, t
     assert speculative.rule == "target_only" and speculative.k == 3 and speculative.status == "ok"
     assert speculative.greedy_mismatches == 0  # temperature 0: token-for-token the baseline
     assert pd.isna(speculative.rule_impl)  # greedy rounds walk the argmaxes on the host: no rule impl ran
+    assert speculative.drafter_impl == "torch" and pd.isna(baseline.drafter_impl)  # ngram searched in numpy
     assert speculative.speedup > 0 and speculative.new_tokens == baseline.new_tokens
     assert len(speculative.accept_pos) == 3
     assert speculative.graph_captures == 0 and speculative.baseline_graph_captures == 0  # no graphs on a CPU

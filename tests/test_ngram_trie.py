@@ -13,12 +13,19 @@ from specbench.drafters.ngram_trie import NgramTrieDrafter
 from specbench.tree import compile_tree, with_root
 
 
-def drafter(**overrides) -> NgramTrieDrafter:
+def drafter(impl: str = "python", **overrides) -> NgramTrieDrafter:
     """Small defaults: short trie, breadth 1 (chains) unless a test asks for more."""
     params = dict(capacity=10_000, max_trie_depth=6, min_match_window=1, max_match_window=4,
-                  min_bfs_breadth=1, max_bfs_breadth=1)
+                  min_bfs_breadth=1, max_bfs_breadth=1, impl=impl)
     params.update(overrides)
     return NgramTrieDrafter(**params)
+
+
+@pytest.fixture(params=["python", "native"])
+def impl(request) -> str:
+    """Both tries, where a test reads only what they share (proposals, counts, sizes): the
+    compiled one (ngram_trie.cpp) must draft exactly what the Python one does."""
+    return request.param
 
 
 def propose(d: NgramTrieDrafter, histories: list[list[int]], k: int, num_draft_tokens: int, ids=()):
@@ -39,49 +46,49 @@ def one(d, history, k, num_draft_tokens, rid="r"):
 # (1) one request copying itself -------------------------------------------------------------
 
 
-def test_repeated_phrase_gives_its_continuation_as_a_chain():
+def test_repeated_phrase_gives_its_continuation_as_a_chain(impl):
     # [1, 2, 3] occurred before, followed by 4 5 9.
-    assert one(drafter(), [1, 2, 3, 4, 5, 9, 1, 2, 3], k=3, num_draft_tokens=4) == ([4, 5, 9], [0, 1, 2])
+    assert one(drafter(impl), [1, 2, 3, 4, 5, 9, 1, 2, 3], k=3, num_draft_tokens=4) == ([4, 5, 9], [0, 1, 2])
 
 
-def test_shorter_windows_extend_the_chain_past_the_trie_depth():
+def test_shorter_windows_extend_the_chain_past_the_trie_depth(impl):
     # From the window [1, 2, 3] the 6-deep trie only reaches 4 5 9; the windows [2, 3] and [3]
     # reuse those nodes and add 1, then 2, below them (SGLang merges every matched window).
-    assert one(drafter(), [1, 2, 3, 4, 5, 9, 1, 2, 3], k=6, num_draft_tokens=7) == ([4, 5, 9, 1, 2], [0, 1, 2, 3, 4])
+    assert one(drafter(impl), [1, 2, 3, 4, 5, 9, 1, 2, 3], k=6, num_draft_tokens=7) == ([4, 5, 9, 1, 2], [0, 1, 2, 3, 4])
     # With only the longest window allowed, the chain stops at the trie's depth.
-    d = drafter(min_match_window=3)
+    d = drafter(impl, min_match_window=3)
     assert one(d, [1, 2, 3, 4, 5, 9, 1, 2, 3], k=6, num_draft_tokens=7) == ([4, 5, 9], [0, 1, 2])
 
 
-def test_no_continuation_proposes_nothing():
-    (rows, p) = propose(drafter(), [[1, 2, 3, 4, 5]], k=3, num_draft_tokens=4)
+def test_no_continuation_proposes_nothing(impl):
+    (rows, p) = propose(drafter(impl), [[1, 2, 3, 4, 5]], k=3, num_draft_tokens=4)
     assert rows == [([], [])]
     assert p.tokens.tolist() == [[-1, -1, -1]] and p.parents.tolist() == [[0, 0, 0]]
     assert p.probs is None
 
 
-def test_min_match_window_respected():
+def test_min_match_window_respected(impl):
     # The suffix [7, 3] never occurred; only the 1-gram [3] has a continuation.
     history = [1, 2, 3, 4, 7, 3]
-    assert one(drafter(min_match_window=1), history, k=2, num_draft_tokens=3) == ([4, 7], [0, 1])
-    assert one(drafter(min_match_window=2), history, k=2, num_draft_tokens=3) == ([], [])
+    assert one(drafter(impl, min_match_window=1), history, k=2, num_draft_tokens=3) == ([4, 7], [0, 1])
+    assert one(drafter(impl, min_match_window=2), history, k=2, num_draft_tokens=3) == ([], [])
 
 
 # (2) across requests ------------------------------------------------------------------------
 
 
-def test_request_b_drafts_what_request_a_said():
-    d = drafter()
+def test_request_b_drafts_what_request_a_said(impl):
+    d = drafter(impl)
     assert one(d, [10, 5, 6, 7, 8, 9, 11], k=3, num_draft_tokens=4, rid="A") == ([], [])
     assert one(d, [20, 21, 5, 6], k=3, num_draft_tokens=4, rid="B") == ([7, 8, 9], [0, 1, 2])
     # B alone never said it: a fresh trie has nothing.
-    assert one(drafter(), [20, 21, 5, 6], k=3, num_draft_tokens=4, rid="B") == ([], [])
+    assert one(drafter(impl), [20, 21, 5, 6], k=3, num_draft_tokens=4, rid="B") == ([], [])
 
 
-def test_one_batch_inserts_every_request_before_matching():
+def test_one_batch_inserts_every_request_before_matching(impl):
     # request_ids empty: the batch index names the request. Row 1 copies row 0 of the same call;
     # row 0's own history has no repeat, so it proposes nothing, padded with -1 / parent 0.
-    (rows, p) = propose(drafter(), [[10, 5, 6, 7, 8], [30, 5, 6]], k=3, num_draft_tokens=4)
+    (rows, p) = propose(drafter(impl), [[10, 5, 6, 7, 8], [30, 5, 6]], k=3, num_draft_tokens=4)
     assert rows == [([], []), ([7, 8], [0, 1])]
     assert p.tokens.tolist() == [[-1, -1, -1], [7, 8, -1]]
     assert p.parents.tolist() == [[0, 0, 0], [0, 1, 0]]
@@ -92,18 +99,18 @@ def test_one_batch_inserts_every_request_before_matching():
 # (3) branching ------------------------------------------------------------------------------
 
 
-def test_siblings_ordered_by_count():
+def test_siblings_ordered_by_count(impl):
     # After [1, 2]: 4 twice, 3 once (3 is the more recent one only in the second history).
-    d = drafter(max_trie_depth=4, min_match_window=2, max_match_window=3, min_bfs_breadth=2, max_bfs_breadth=2)
+    d = drafter(impl, max_trie_depth=4, min_match_window=2, max_match_window=3, min_bfs_breadth=2, max_bfs_breadth=2)
     assert one(d, [1, 2, 3, 1, 2, 4, 1, 2, 4, 1, 2], k=1, num_draft_tokens=3) == ([4, 3], [0, 0])
-    d = drafter(max_trie_depth=4, min_match_window=2, max_match_window=3, min_bfs_breadth=2, max_bfs_breadth=2)
+    d = drafter(impl, max_trie_depth=4, min_match_window=2, max_match_window=3, min_bfs_breadth=2, max_bfs_breadth=2)
     assert one(d, [1, 2, 4, 1, 2, 4, 1, 2, 3, 1, 2], k=1, num_draft_tokens=3) == ([4, 3], [0, 0])
 
 
-def test_equal_counts_ordered_by_recency():
-    d = drafter(max_trie_depth=4, min_match_window=2, max_match_window=3, min_bfs_breadth=2, max_bfs_breadth=2)
+def test_equal_counts_ordered_by_recency(impl):
+    d = drafter(impl, max_trie_depth=4, min_match_window=2, max_match_window=3, min_bfs_breadth=2, max_bfs_breadth=2)
     assert one(d, [1, 2, 3, 1, 2, 4, 1, 2], k=1, num_draft_tokens=3) == ([4, 3], [0, 0])
-    d = drafter(max_trie_depth=4, min_match_window=2, max_match_window=3, min_bfs_breadth=2, max_bfs_breadth=2)
+    d = drafter(impl, max_trie_depth=4, min_match_window=2, max_match_window=3, min_bfs_breadth=2, max_bfs_breadth=2)
     assert one(d, [1, 2, 4, 1, 2, 3, 1, 2], k=1, num_draft_tokens=3) == ([3, 4], [0, 0])
 
 
@@ -126,9 +133,9 @@ def test_ranked_children_match_a_full_sort(fanout):
         assert trie.ranked_children(trie.find([0]), width) == full[:width]
 
 
-def test_two_level_tree_laid_out_level_by_level():
+def test_two_level_tree_laid_out_level_by_level(impl):
     # After [1, 2]: 4 (twice) then 3; after [1, 2, 4]: 7 (more recent) then 6; after [1, 2, 3]: 5.
-    d = drafter(max_trie_depth=4, min_match_window=2, max_match_window=3, min_bfs_breadth=2, max_bfs_breadth=2)
+    d = drafter(impl, max_trie_depth=4, min_match_window=2, max_match_window=3, min_bfs_breadth=2, max_bfs_breadth=2)
     history = [1, 2, 3, 5, 1, 2, 4, 6, 1, 2, 4, 7, 1, 2]
     assert one(d, history, k=2, num_draft_tokens=6) == ([4, 3, 7, 6, 5], [0, 0, 1, 1, 2])
     # Fewer nodes: the walk is breadth-first, so the last one drafted (5) goes first.
@@ -136,12 +143,12 @@ def test_two_level_tree_laid_out_level_by_level():
     assert one(d, history, k=1, num_draft_tokens=6) == ([4, 3], [0, 0])
 
 
-def test_longer_window_first_then_merged_level_by_level():
+def test_longer_window_first_then_merged_level_by_level(impl):
     # breadth(1) = 2, breadth(2+) = 1. The window [7, 3] drafts 1 -> 2 first; the window [3]
     # then adds 4 (after [3]: 4 twice, 1 once) as the root's second child, reuses 1, and
     # hangs 7 (after [3, 4]: 8 and 7 once each, 7 more recent) under 4. Drafted in the order
     # 1 2 4 7, laid out level by level as 1 4 | 2 7.
-    d = drafter(max_trie_depth=4, min_match_window=1, max_match_window=2, min_bfs_breadth=1, max_bfs_breadth=3)
+    d = drafter(impl, max_trie_depth=4, min_match_window=1, max_match_window=2, min_bfs_breadth=1, max_bfs_breadth=3)
     history = [7, 3, 1, 2, 8, 3, 4, 8, 3, 4, 7, 3]
     assert one(d, history, k=2, num_draft_tokens=11) == ([1, 4, 2, 7], [0, 0, 1, 2])
     assert one(d, history, k=2, num_draft_tokens=3) == ([1, 2], [0, 1])
@@ -150,22 +157,22 @@ def test_longer_window_first_then_merged_level_by_level():
 # (4) node, depth and breadth bounds --------------------------------------------------------
 
 
-def test_breadth_follows_sglang_rule():
+def test_breadth_follows_sglang_rule(impl):
     # (max_bfs - min_bfs) / (max_match - min_match + 1) = 3 / 3 = 1 per trie level:
     # depth 1 keeps 3 children, depth 2 keeps 2, depth 3 and deeper keep 1.
-    d = drafter(max_trie_depth=5, min_match_window=1, max_match_window=3, min_bfs_breadth=1, max_bfs_breadth=4)
+    d = drafter(impl, max_trie_depth=5, min_match_window=1, max_match_window=3, min_bfs_breadth=1, max_bfs_breadth=4)
     assert [d.breadth(depth) for depth in range(1, 6)] == [3, 2, 1, 1, 1]
     # SGLang defaults: 1 + 9 * (12 - depth) / 12, floored.
     assert [NgramTrieDrafter().breadth(depth) for depth in (1, 2, 5, 11, 12, 18)] == [9, 8, 6, 1, 1, 1]
     # Equal bounds: a constant breadth.
-    assert {drafter(min_bfs_breadth=3, max_bfs_breadth=3).breadth(depth) for depth in range(1, 7)} == {3}
+    assert {drafter(impl, min_bfs_breadth=3, max_bfs_breadth=3).breadth(depth) for depth in range(1, 7)} == {3}
 
 
-def test_breadth_depth_and_node_bounds():
+def test_breadth_depth_and_node_bounds(impl):
     # Only the 1-gram [9] has continuations: 1 2 3 4 5, all once, 5 the most recent. Depth 1
     # keeps 3 of them (5 4 3), depth 2 keeps 2 (each has one: 9), depth 3+ keeps 1.
     history = [9, 1, 9, 2, 9, 3, 9, 4, 9, 5, 9]
-    d = drafter(max_trie_depth=5, min_match_window=1, max_match_window=3, min_bfs_breadth=1, max_bfs_breadth=4)
+    d = drafter(impl, max_trie_depth=5, min_match_window=1, max_match_window=3, min_bfs_breadth=1, max_bfs_breadth=4)
     assert one(d, history, k=1, num_draft_tokens=11) == ([5, 4, 3], [0, 0, 0])
     assert one(d, history, k=2, num_draft_tokens=11) == ([5, 4, 3, 9, 9, 9], [0, 0, 0, 1, 2, 3])
     assert one(d, history, k=4, num_draft_tokens=11) == (
@@ -176,8 +183,8 @@ def test_breadth_depth_and_node_bounds():
     assert p.tokens.shape == (1, 4) and rows[0] == ([5, 4, 3, 9], [0, 0, 0, 1])
 
 
-def test_no_draft_nodes_wanted():
-    (rows, p) = propose(drafter(), [[1, 2, 1]], k=3, num_draft_tokens=1)
+def test_no_draft_nodes_wanted(impl):
+    (rows, p) = propose(drafter(impl), [[1, 2, 1]], k=3, num_draft_tokens=1)
     assert p.tokens.shape == (1, 0) and rows == [([], [])]
 
 
@@ -185,7 +192,10 @@ def test_no_draft_nodes_wanted():
 
 
 def check_trie(d: NgramTrieDrafter) -> None:
-    """Every node is reachable from the root once, knows its parent, and is in the LRU."""
+    """Every node is reachable from the root once and knows its parent (the Python trie's
+    structure; the compiled one shows only counts and its size, checked by the callers)."""
+    if d.impl != "python":
+        return
     trie = d.trie
     seen, stack = 0, [trie.root]
     while stack:
@@ -197,8 +207,8 @@ def check_trie(d: NgramTrieDrafter) -> None:
     assert seen == len(trie)
 
 
-def test_capacity_evicts_least_recently_used_leaves():
-    d = drafter(capacity=12, max_trie_depth=3, max_match_window=2)
+def test_capacity_evicts_least_recently_used_leaves(impl):
+    d = drafter(impl, capacity=12, max_trie_depth=3, max_match_window=2)
     a = list(range(100, 110))  # 10 + 9 + 8 = 27 distinct n-grams of length <= 3
     one(d, a, k=2, num_draft_tokens=3, rid="A")
     assert len(d.trie) == 12
@@ -212,9 +222,9 @@ def test_capacity_evicts_least_recently_used_leaves():
     check_trie(d)
 
 
-def test_capacity_holds_over_many_rounds():
+def test_capacity_holds_over_many_rounds(impl):
     rng = random.Random(0)
-    d = drafter(capacity=40, max_trie_depth=4, max_match_window=3)
+    d = drafter(impl, capacity=40, max_trie_depth=4, max_match_window=3)
     history = [rng.randrange(20) for _ in range(5)]
     for _ in range(60):
         history += [rng.randrange(20) for _ in range(rng.randint(1, 3))]
@@ -236,10 +246,10 @@ def brute_count(text: list[int], ngram: list[int]) -> int:
     return sum(text[i : i + n] == ngram for i in range(len(text) - n + 1))
 
 
-def test_counts_are_occurrences_whether_inserted_at_once_or_in_steps():
+def test_counts_are_occurrences_whether_inserted_at_once_or_in_steps(impl):
     rng = random.Random(1)
     history = [rng.randrange(3) for _ in range(40)]
-    whole, steps = drafter(), drafter()
+    whole, steps = drafter(impl), drafter(impl)
     whole.observe("r", torch.tensor(history))
     t = 1
     while t < len(history):
@@ -253,8 +263,8 @@ def test_counts_are_occurrences_whether_inserted_at_once_or_in_steps():
     assert whole.trie.count(history[:7]) == 0  # longer than max_trie_depth
 
 
-def test_reused_id_with_a_new_history_starts_over():
-    d = drafter()
+def test_reused_id_with_a_new_history_starts_over(impl):
+    d = drafter(impl)
     d.observe("r", torch.tensor([1, 2, 3]))
     d.observe("r", torch.tensor([1, 2, 3]))  # nothing new: no count
     assert d.trie.count([1, 2]) == 1
@@ -264,10 +274,10 @@ def test_reused_id_with_a_new_history_starts_over():
     assert d.trie.count([1, 2]) == 3 and d.trie.count([2, 3]) == 1
 
 
-def test_a_released_request_keeps_its_ngrams_and_drops_its_tracking():
+def test_a_released_request_keeps_its_ngrams_and_drops_its_tracking(impl):
     """release forgets what a finished request inserted (its history copy), not its n-grams: a
     later request still drafts from them, and the released id counts afresh if it comes back."""
-    d = drafter()
+    d = drafter(impl)
     d.observe("A", torch.tensor([10, 5, 6, 7, 8]))
     d.release(["A", "never seen"])
     assert d._inserted == {}
@@ -276,7 +286,7 @@ def test_a_released_request_keeps_its_ngrams_and_drops_its_tracking():
     assert d.trie.count([5, 6, 7]) == 2
 
 
-def test_the_runner_releases_finished_requests():
+def test_the_runner_releases_finished_requests(impl):
     """Through the runner (the BigramEngine stand-in of test_runner), every finished request is
     released: nothing is tracked after the run."""
     from test_runner import BigramEngine
@@ -284,17 +294,17 @@ def test_the_runner_releases_finished_requests():
     from specbench.runner import Speculation, decode_requests
     from specbench.sampling import SamplingParams
 
-    d = drafter(max_bfs_breadth=2)
+    d = drafter(impl, max_bfs_breadth=2)
     prompts = [torch.tensor([0, 5, 6, 5, 6, 5]), torch.tensor([0, 7, 7, 7]), torch.tensor([0, 3, 4, 3])]
     decode_requests(BigramEngine(rows=2), prompts, params=SamplingParams(0.0), max_new_tokens=6,
                     eos_ids=frozenset(), generator=torch.Generator(), spec=Speculation(d, "standard", 3, {}, 2, 5))
     assert d._inserted == {} and len(d.trie) > 0
 
 
-def test_caller_reusing_its_buffer_does_not_confuse_tracking():
+def test_caller_reusing_its_buffer_does_not_confuse_tracking(impl):
     # The runner passes views of one buffer: what was inserted must be copied, not aliased.
     buf = torch.tensor([1, 2, 3, 4, 0, 0])
-    d = drafter()
+    d = drafter(impl)
     d.observe("r", buf[:4])
     buf[4:] = torch.tensor([1, 2])
     d.observe("r", buf[:6])  # an extension
@@ -312,9 +322,9 @@ def occurs(texts: list[list[int]], seq: list[int]) -> bool:
 
 
 @pytest.mark.parametrize("capacity", [10_000, 30])
-def test_random_proposals_are_valid_trees(capacity):
+def test_random_proposals_are_valid_trees(capacity, impl):
     rng = random.Random(capacity)
-    d = drafter(capacity=capacity, max_trie_depth=5, min_match_window=1, max_match_window=3,
+    d = drafter(impl, capacity=capacity, max_trie_depth=5, min_match_window=1, max_match_window=3,
                 min_bfs_breadth=1, max_bfs_breadth=4)
     histories = {rid: [rng.randrange(6) for _ in range(rng.randint(1, 6))] for rid in "abc"}
     texts = list(histories.values())  # every history ever inserted (a restart adds one)
@@ -437,6 +447,7 @@ def test_from_config_uses_sglang_defaults():
         ("min_bfs_breadth", 0),
         ("max_bfs_breadth", 0),  # below min_bfs_breadth
         ("capacity", 5),  # a path of max_trie_depth nodes must fit
+        ("impl", "triton"),  # ngram's impls are not the trie's
     ],
 )
 def test_bad_config_names_the_key(key, value):
@@ -478,8 +489,9 @@ def frozen_workload(batch: int, rounds: int, seed: int):
                 h += rng.choice(phrases)[:1] if rng.random() < 0.3 else [rng.randrange(40)]
 
 
-def frozen_proposals(params: dict, batch: int, rounds: int, k: int, num_draft_tokens, seed: int) -> list:
-    d = NgramTrieDrafter(**params)
+def frozen_proposals(params: dict, batch: int, rounds: int, k: int, num_draft_tokens, seed: int,
+                     impl: str = "python") -> list:
+    d = NgramTrieDrafter(**params, impl=impl)
     out = []
     for histories in frozen_workload(batch, rounds, seed):
         rows, _ = propose(d, histories, k=k, num_draft_tokens=num_draft_tokens, ids=range(batch))
@@ -488,9 +500,9 @@ def frozen_proposals(params: dict, batch: int, rounds: int, k: int, num_draft_to
 
 
 @pytest.mark.parametrize("name", sorted(FROZEN_CASES))
-def test_proposals_match_the_frozen_fixture(name):
+def test_proposals_match_the_frozen_fixture(name, impl):
     expected = json.loads(FROZEN.read_text())[name]
-    got = frozen_proposals(*FROZEN_CASES[name])
+    got = frozen_proposals(*FROZEN_CASES[name], impl=impl)
     assert got == expected
     assert sum(len(tokens) for rnd in got for tokens, _ in rnd) > 50  # real trees were compared
 
@@ -526,7 +538,7 @@ def test_level_order_against_a_breadth_first_walk():
 
 def test_trie_bench_runs_variants_side_by_side(tmp_path):
     """experiments/trie_bench.py at a tiny size, with the drafter as it is at HEAD loaded from git:
-    every variant timed in every block, all leaving the same trie; a revision git does not know
+    every variant timed in every block, all proposing the same trees; a revision git does not know
     is a one-line error before anything is written."""
     import subprocess
     import sys
@@ -534,14 +546,69 @@ def test_trie_bench_runs_variants_side_by_side(tmp_path):
     root = Path(__file__).resolve().parents[1]
     script = [sys.executable, str(root / "experiments" / "trie_bench.py")]
     out = subprocess.run(script + [str(tmp_path / "ok"), "--batches", "2", "--rounds", "2", "--blocks", "3",
-                                   "--variants", "find", "--against", "HEAD"],
+                                   "--variants", "find,native", "--against", "HEAD"],
                          capture_output=True, text=True, timeout=300, cwd=root)
     assert out.returncode == 0, out.stderr[-3000:]
     record = json.loads((tmp_path / "ok" / "trie_bench.json").read_text())
     (result,) = record["results"]
-    assert list(result["ms"]) == ["known", "find", "@HEAD"] and result["same_trie"] and result["trie_nodes"] > 0
-    assert all(len(ms) == 3 and min(ms) > 0 for ms in result["ms"].values())
+    assert list(result["ms"]) == ["known", "find", "native", "@HEAD"] and result["trie_nodes"] > 0
+    assert result["same_trees"] and all(len(ms) == 3 and min(ms) > 0 for ms in result["ms"].values())
     assert {"git_sha", "date", "torch_version", "against"} <= set(record)
     bad = subprocess.run(script + [str(tmp_path / "bad"), "--against", "no-such-revision"],
                          capture_output=True, text=True, timeout=300, cwd=root)
     assert bad.returncode == 2 and "--against" in bad.stderr.splitlines()[-1] and not (tmp_path / "bad").exists()
+
+
+# (9) the compiled trie ------------------------------------------------------------------------
+
+
+def test_the_compiled_trie_builds_into_the_cache_and_says_why_when_it_cannot(tmp_path, monkeypatch):
+    """ngram_trie.cpp is built with the host's C++ compiler into $SPECBENCH_CACHE/build and
+    loaded; a compiler that fails gives the reason, which impl=native turns into a one-line
+    ConfigError and impl=auto into the Python trie."""
+    from specbench.drafters import ngram_trie
+
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    library = ngram_trie._compiled.__wrapped__()
+    assert hasattr(library, "trie_draft"), library
+    assert len(list((tmp_path / "cache" / "build").glob("ngram_trie-*.so"))) == 1
+
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "empty"))
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    reason = ngram_trie._compiled.__wrapped__()
+    assert isinstance(reason, str) and "no-such-compiler" in reason and "\n" not in reason
+    assert not list((tmp_path / "empty").rglob("*.so"))
+    monkeypatch.setattr(ngram_trie, "_compiled", lambda: reason)
+    with pytest.raises(ConfigError) as err:
+        drafter("native")
+    assert err.value.key == "drafter.impl" and err.value.value == "native" and "no-such-compiler" in str(err.value)
+    assert drafter("auto").impl == "python" and drafter("auto").trie.count([1]) == 0
+
+
+def test_auto_picks_the_compiled_trie_where_it_builds():
+    d = NgramTrieDrafter.from_config(NgramTrieConfig())
+    assert NgramTrieConfig().impl == "auto" and d.impl == "native"
+
+
+@pytest.mark.parametrize("capacity", [10_000, 400, 40])
+def test_compiled_trie_drafts_what_the_python_trie_drafts(capacity):
+    """Both tries over 60 rounds of 5 requests (one id restarting, one released and reused),
+    the compiled one from its kept paths and, on the same trie, every window found from the
+    root (draft() with no slot): the same trees every round, the same counts for every n-gram
+    of every history, and every node of the compiled trie found through its edge map.
+    Capacity 400 evicts from partway, 40 nearly every path (seed: the capacity)."""
+    native = drafter("native", capacity=capacity, max_trie_depth=6, max_match_window=4, max_bfs_breadth=3)
+    python = drafter("python", capacity=capacity, max_trie_depth=6, max_match_window=4, max_bfs_breadth=3)
+    nonempty = 0
+    for histories in growing_rounds(random.Random(capacity), (native, python)):
+        ids = list(histories)
+        got = propose(native, [histories[r] for r in ids], k=3, num_draft_tokens=6, ids=ids)[0]
+        assert got == propose(python, [histories[r] for r in ids], k=3, num_draft_tokens=6, ids=ids)[0]
+        assert got == [native.draft(histories[r][-4:], 3, 5) for r in ids]  # windows found from the root
+        nonempty += sum(len(tokens) > 0 for tokens, _ in got)
+        for h in histories.values():
+            for n in range(1, 7):
+                for i in range(len(h) - n + 1):
+                    assert native.trie.count(h[i : i + n]) == python.trie.count(h[i : i + n])
+        assert len(native.trie) == len(python.trie) and native.trie.check() == 0
+    assert nonempty > (100 if capacity > 40 else 20) and python.trie.evicting == (capacity <= 400)

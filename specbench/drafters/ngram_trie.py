@@ -45,6 +45,13 @@ and speculative/ngram_worker.py), whose defaults NgramTrieConfig copies:
   * Depth is bounded by state.k (SGLang bounds it by the trie depth only), and a request with no
     continuation proposes nothing instead of padding to num_draft_tokens.
 
+Two tries, one behaviour (drafter.impl). `python` is NgramTrie below, the reference. `native`
+is ngram_trie.cpp, built at first use with the host's C++ compiler into $SPECBENCH_CACHE/build
+and called through ctypes: one call a round inserts every request's new tokens, one drafts every
+request's tree, as SGLang's C++ cache does the work off the Python loop. Both draft the same
+trees and count the same n-grams (tests/test_ngram_trie.py runs the hand-made cases, the frozen
+proposals and random rounds on both). `auto`, the default, is native where it builds.
+
 Capacity. `capacity` bounds the trie's nodes, the root excluded (SGLang counts its root too).
 Inserting a path touches every node on it, deepest first, so a node is always touched more
 recently than its descendants and the least recently used node is a leaf, as in SGLang's global
@@ -55,15 +62,28 @@ leaves are evicted until the nodes it creates fit, so the path being inserted ne
 
 from __future__ import annotations
 
+import ctypes
+import functools
+import hashlib
 import heapq
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import weakref
 from collections import OrderedDict, deque
-from typing import Hashable, Optional, Sequence
+from pathlib import Path
+from typing import Hashable, Optional, Sequence, Union
 
 import numpy as np
 import torch
 
 from specbench.config import ConfigError, NgramTrieConfig
 from specbench.drafters.base import DraftProposal, DraftState, host_array
+
+log = logging.getLogger(__name__)
+TRIE_IMPLS = ("auto", "python", "native")  # drafter.impl
 
 
 class NgramTrie:
@@ -337,7 +357,10 @@ class NgramTrieDrafter:
         max_match_window: int = 12,
         min_bfs_breadth: int = 1,
         max_bfs_breadth: int = 10,
+        impl: str = "auto",
     ):
+        if impl not in TRIE_IMPLS:
+            raise ConfigError("drafter.impl", impl, f"valid: {', '.join(TRIE_IMPLS)}")
         if max_trie_depth < 2:
             raise ConfigError("drafter.max_trie_depth", max_trie_depth, "need >= 2 (a context and a continuation)")
         if min_match_window < 1:
@@ -365,9 +388,19 @@ class NgramTrieDrafter:
         self.max_match_window = max_match_window
         self.min_bfs_breadth = min_bfs_breadth
         self.max_bfs_breadth = max_bfs_breadth
-        self.trie = NgramTrie(capacity, max_trie_depth)
+        library = _compiled() if impl != "python" else None
+        if impl == "native" and not isinstance(library, ctypes.CDLL):
+            raise ConfigError("drafter.impl", impl, f"the compiled trie is not available: {library}")
+        if impl == "auto" and not isinstance(library, ctypes.CDLL):
+            log.warning("ngram_trie: drafter.impl=auto runs the Python trie: %s", library)
+        self.impl = "native" if isinstance(library, ctypes.CDLL) else "python"  # what runs
+        self.trie: Union[NgramTrie, CompiledTrie] = (
+            CompiledTrie(library, capacity, max_trie_depth) if self.impl == "native" else NgramTrie(capacity, max_trie_depth)
+        )
         self._inserted: dict[Hashable, np.ndarray] = {}  # request id -> [T] history inserted so far
         self._paths: dict[Hashable, list] = {}  # request id -> its growing paths' nodes (NgramTrie.insert)
+        self._slots: dict[Hashable, int] = {}  # request id -> its number in the compiled trie (which keeps its paths)
+        self._released = 0  # slots given back: numbers are never reused
 
     @classmethod
     def from_config(cls, cfg: NgramTrieConfig) -> NgramTrieDrafter:
@@ -378,6 +411,7 @@ class NgramTrieDrafter:
             max_match_window=cfg.max_match_window,
             min_bfs_breadth=cfg.min_bfs_breadth,
             max_bfs_breadth=cfg.max_bfs_breadth,
+            impl=cfg.impl,
         )
 
     def breadth(self, depth: int) -> int:
@@ -388,20 +422,35 @@ class NgramTrieDrafter:
 
     def observe(self, request_id: Hashable, history) -> None:
         """Insert the tokens of a request's history [T] (tensor or numpy) that it has not inserted yet."""
-        history = host_array(history)
-        seen = self._inserted.get(request_id)
-        old = 0
-        if seen is not None and seen.shape[0] <= history.shape[0] and np.array_equal(history[: seen.shape[0]], seen):
-            old = seen.shape[0]  # an extension: only the tail is new
-        if old == history.shape[0]:
+        self._insert([(request_id, history)])
+
+    def _insert(self, requests: list) -> None:
+        """observe() for [(request id, history [T])], in order (the compiled trie: one call)."""
+        news = []  # (request id, tail [t], first_new): tokens from first_new on are new
+        for request_id, history in requests:
+            history = host_array(history)
+            seen = self._inserted.get(request_id)
+            old = 0
+            if seen is not None and seen.shape[0] <= history.shape[0] and np.array_equal(history[: seen.shape[0]], seen):
+                old = seen.shape[0]  # an extension: only the tail is new
+            if old == history.shape[0]:
+                continue
+            start = max(0, old - self.trie.max_depth + 1)  # the earliest n-gram ending at a new position
+            news.append((request_id, history[start:], old - start))  # first_new 0: the history starts over
+            if self.impl == "native" and request_id not in self._slots:
+                self._slots[request_id] = len(self._slots) + self._released
+            self._inserted[request_id] = history.copy()  # the caller may reuse its buffer
+        if self.impl == "native":
+            if news:
+                self.trie.insert([tail for _, tail, _ in news], [first_new for _, _, first_new in news],
+                                 [self._slots[request_id] for request_id, _, _ in news])
             return
-        start = max(0, old - self.trie.max_depth + 1)  # the earliest n-gram ending at a new position
-        known = self._paths.pop(request_id, None)
-        known = known if old else None  # a history that starts over walks every path
-        paths = self.trie.insert(history[start:].tolist(), first_new=old - start, known=known)
-        if paths is not None:
-            self._paths[request_id] = paths
-        self._inserted[request_id] = history.copy()  # the caller may reuse its buffer
+        for request_id, tail, first_new in news:
+            known = self._paths.pop(request_id, None)
+            known = known if first_new else None  # a history that starts over walks every path
+            paths = self.trie.insert(tail.tolist(), first_new=first_new, known=known)
+            if paths is not None:
+                self._paths[request_id] = paths
 
     def release(self, request_ids) -> None:
         """Forget what these finished requests inserted (unknown ids are ignored); their n-grams
@@ -409,6 +458,10 @@ class NgramTrieDrafter:
         for request_id in request_ids:
             self._inserted.pop(request_id, None)
             self._paths.pop(request_id, None)
+            slot = self._slots.pop(request_id, None)
+            if slot is not None:
+                self.trie.forget(slot)
+                self._released += 1
 
     def window_nodes(self, request_id: Hashable) -> Optional[list[int]]:
         """The trie node of each window of the request's history as last inserted, [n - 1] for
@@ -428,6 +481,9 @@ class NgramTrieDrafter:
 
         Returns (tokens [m], parents [m] in 0..m, 0 = root), m <= max_nodes, laid out level by level.
         """
+        if self.impl == "native":  # windows are found in the compiled trie
+            tokens, parents, num = self._draft_native([np.asarray(history, dtype=np.int64)], [-1], k, max_nodes)
+            return tokens[0, : num[0]].tolist(), parents[0, : num[0]].tolist()
         # Draft nodes in creation order: (token, parent), parent 0 the root, i the node drafted[i - 1].
         drafted: list[tuple[int, int]] = []
         index: dict[tuple[int, int], int] = {}  # (draft parent, token) -> draft node
@@ -465,24 +521,35 @@ class NgramTrieDrafter:
     def propose(self, state: DraftState) -> DraftProposal:
         B, M, ids = len(state.tokens), state.max_nodes, state.ids
         histories = state.host_tokens()  # [T_b] each
-        for rid, history in zip(ids, histories):  # everyone's new tokens first, then matching
-            self.observe(rid, history)
-        flat_tokens = [-1] * (B * M)  # [B * M], filled row by row, one tensor per batch below
-        flat_parents = [0] * (B * M)  # 0 in unused columns
-        counts = [0] * B
-        for b, (rid, history) in enumerate(zip(ids, histories)):
-            tail = history[-self.max_match_window :].tolist()  # [<= max_match_window] the windows
-            toks, pars = self.draft(tail, state.k, M, self.window_nodes(rid))
-            m = len(toks)
-            flat_tokens[b * M : b * M + m] = toks
-            flat_parents[b * M : b * M + m] = pars
-            counts[b] = m
-        drafts = np.array(flat_tokens, dtype=np.int64).reshape(B, M)  # [B, M]
-        parents = np.array(flat_parents, dtype=np.int64).reshape(B, M)  # [B, M]
-        num = np.array(counts, dtype=np.int64)  # [B]
+        self._insert(list(zip(ids, histories)))  # everyone's new tokens first, then matching
+        if self.impl == "native":
+            slots = [self._slots.get(rid, -1) for rid in ids]  # each just inserted this history: windows kept
+            drafts, parents, num = self._draft_native([h[-self.max_match_window :] for h in histories], slots,
+                                                      state.k, M)
+        else:
+            flat_tokens = [-1] * (B * M)  # [B * M], filled row by row, one tensor per batch below
+            flat_parents = [0] * (B * M)  # 0 in unused columns
+            counts = [0] * B
+            for b, (rid, history) in enumerate(zip(ids, histories)):
+                tail = history[-self.max_match_window :].tolist()  # [<= max_match_window] the windows
+                toks, pars = self.draft(tail, state.k, M, self.window_nodes(rid))
+                m = len(toks)
+                flat_tokens[b * M : b * M + m] = toks
+                flat_parents[b * M : b * M + m] = pars
+                counts[b] = m
+            drafts = np.array(flat_tokens, dtype=np.int64).reshape(B, M)  # [B, M]
+            parents = np.array(flat_parents, dtype=np.int64).reshape(B, M)  # [B, M]
+            num = np.array(counts, dtype=np.int64)  # [B]
         # on the host, where the runner reads them (one torch op each)
         return DraftProposal(tokens=torch.from_numpy(drafts), num_tokens=torch.from_numpy(num), probs=None,
                              parents=torch.from_numpy(parents))
+
+    def _draft_native(self, tails: list, slots: list, k: int, max_nodes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Every request's tree in one call of the compiled trie: tails B x [<= max_match_window],
+        slots [B] (CompiledTrie.draft) -> tokens [B, M] (-1 past each row's count), parents [B, M]
+        (0 there), counts [B]."""
+        return self.trie.draft(tails, slots, k, max_nodes, self.min_match_window, self.max_match_window,
+                               self.min_bfs_breadth, self.max_bfs_breadth)
 
 
 def _level_order(drafted: list[tuple[int, int]]) -> tuple[list[int], list[int]]:
@@ -504,3 +571,106 @@ def _level_order(drafted: list[tuple[int, int]]) -> tuple[list[int], list[int]]:
             new[child] = len(order)
             queue.append(child)
     return [drafted[c - 1][0] for c in order], [new[drafted[c - 1][1]] for c in order]
+
+
+class CompiledTrie:
+    """The trie of ngram_trie.cpp behind ctypes: NgramTrie's counts and the drafter's trees,
+    with every request's inserts in one call and every request's tree in another."""
+
+    def __init__(self, library: ctypes.CDLL, capacity: int, max_depth: int):
+        assert capacity >= max_depth >= 1, (capacity, max_depth)
+        self.capacity, self.max_depth = capacity, max_depth
+        self._lib = library
+        self._handle = library.trie_new(capacity, max_depth)
+        weakref.finalize(self, library.trie_free, self._handle)
+
+    def __len__(self) -> int:
+        """Nodes held, the root excluded."""
+        return self._lib.trie_size(self._handle)
+
+    def count(self, ngram: Sequence[int]) -> int:
+        """How often the n-gram occurred in the inserted text (0 when absent or evicted)."""
+        ngram = np.ascontiguousarray(ngram, dtype=np.int64)
+        return self._lib.trie_count(self._handle, ngram.ctypes.data, ngram.shape[0])
+
+    def insert(self, tails: list, first_new: list, slots: list) -> None:
+        """B inserts in order: tails B x [t_b] int64, of which the tokens from first_new[b] on are
+        new (NgramTrie.insert for each; 0: the history starts over); slots [B]: a number per
+        request, under which the trie keeps its growing paths (NgramTrie.insert's `known`)."""
+        tokens, offsets = _packed(tails)
+        first, slot = np.asarray(first_new, dtype=np.int64), np.asarray(slots, dtype=np.int64)
+        self._lib.trie_insert(self._handle, tokens.ctypes.data, offsets.ctypes.data, first.ctypes.data,
+                              slot.ctypes.data, len(tails))
+
+    def check(self) -> int:
+        """Nodes the edge map or their parent's children do not lead to: 0 for a sound trie."""
+        return self._lib.trie_check(self._handle)
+
+    def forget(self, slot: int) -> None:
+        """Drop a finished request's kept paths (its n-grams stay)."""
+        self._lib.trie_forget(self._handle, slot)
+
+    def draft(self, tails: list, slots: list, k: int, max_nodes: int, min_window: int, max_window: int,
+              min_breadth: int, max_breadth: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """B trees (NgramTrieDrafter.draft for each tail) -> tokens [B, M] (-1 padding),
+        parents [B, M] (0 padding), counts [B]. slots [B]: the request's slot where its last
+        insert was of this very history (its windows' nodes are then the ends of the paths kept,
+        as window_nodes), else -1 (every window found from the root)."""
+        B = len(tails)
+        tokens, offsets = _packed(tails)
+        slot = np.asarray(slots, dtype=np.int64)
+        out_tokens = np.full((B, max_nodes), -1, dtype=np.int64)
+        out_parents = np.zeros((B, max_nodes), dtype=np.int64)
+        num = np.zeros(B, dtype=np.int64)
+        self._lib.trie_draft(self._handle, tokens.ctypes.data, offsets.ctypes.data, slot.ctypes.data, B, k, max_nodes,
+                             min_window, max_window, min_breadth, max_breadth, out_tokens.ctypes.data,
+                             out_parents.ctypes.data, num.ctypes.data)
+        return out_tokens, out_parents, num
+
+
+def _packed(rows: list) -> tuple[np.ndarray, np.ndarray]:
+    """B x [t_b] -> (the rows end to end [sum t_b] int64, offsets [B + 1])."""
+    offsets = np.zeros(len(rows) + 1, dtype=np.int64)
+    np.cumsum([len(r) for r in rows], out=offsets[1:])
+    tokens = np.concatenate(rows).astype(np.int64, copy=False) if rows else offsets[:0]
+    return np.ascontiguousarray(tokens), offsets
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled() -> Union[ctypes.CDLL, str]:
+    """ngram_trie.cpp built with the host's C++ compiler ($CXX, else c++ or g++) into the cache
+    ($SPECBENCH_CACHE/build, keyed by the source's hash) and loaded; or why it could not be."""
+    from specbench.fetch import cache_dir
+
+    source = Path(__file__).with_suffix(".cpp")
+    if not source.exists():
+        return f"{source} is missing"
+    digest = hashlib.sha256(source.read_bytes()).hexdigest()[:16]
+    target = cache_dir() / "build" / f"ngram_trie-{digest}-{platform.system()}-{platform.machine()}.so"
+    if not target.exists():
+        compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+        if compiler is None:
+            return "no C++ compiler (set CXX, or install g++)"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(f"{target.name}.{os.getpid()}")
+        command = [compiler, "-O2", "-std=c++17", "-shared", "-fPIC", "-o", str(partial), str(source)]
+        try:
+            subprocess.run(command, check=True, capture_output=True, text=True, timeout=300)
+        except (OSError, subprocess.SubprocessError) as e:
+            detail = getattr(e, "stderr", None) or str(e)
+            return f"{' '.join(command)} failed: {detail.strip().splitlines()[-1] if detail.strip() else e}"
+        os.replace(partial, target)  # whole or not at all, whoever builds it at the same time
+    try:
+        library = ctypes.CDLL(str(target))
+    except OSError as e:
+        return f"cannot load {target}: {e}"
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    library.trie_new.restype, library.trie_new.argtypes = ptr, [i64, i64]
+    library.trie_free.restype, library.trie_free.argtypes = None, [ptr]
+    library.trie_size.restype, library.trie_size.argtypes = i64, [ptr]
+    library.trie_count.restype, library.trie_count.argtypes = i64, [ptr, ptr, i64]
+    library.trie_insert.restype, library.trie_insert.argtypes = None, [ptr, ptr, ptr, ptr, ptr, i64]
+    library.trie_forget.restype, library.trie_forget.argtypes = None, [ptr, i64]
+    library.trie_check.restype, library.trie_check.argtypes = i64, [ptr]
+    library.trie_draft.restype, library.trie_draft.argtypes = None, [ptr, ptr, ptr, ptr] + [i64] * 7 + [ptr, ptr, ptr]
+    return library
