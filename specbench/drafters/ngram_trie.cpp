@@ -334,15 +334,36 @@ i64 trie_count(void* trie, const i64* ngram, i64 n) {
   return node < 0 ? 0 : t->nodes[node].count;
 }
 
-// B requests' inserts, in order: request b (in slots[b], a number the caller keeps per request)
-// has tokens[offsets[b] : offsets[b + 1]], of which those from first_new[b] on are new;
+// B requests' inserts, in order. args: offsets [B + 1], first_new [B], slots [B], then the
+// tokens: request b (in slots[b], a number the caller keeps per request) has
+// tokens[offsets[b] : offsets[b + 1]], of which those from first_new[b] on are new;
 // first_new[b] = 0: its history starts over.
-void trie_insert(void* trie, const i64* tokens, const i64* offsets, const i64* first_new, const i64* slots, i64 B) {
+void trie_insert(void* trie, const i64* args, i64 B) {
   auto* t = static_cast<Trie*>(trie);
-  std::vector<i64> nodes;
-  nodes.reserve(t->max_depth);
+  const i64 *offsets = args, *first_new = args + B + 1, *slots = first_new + B, *tokens = slots + B;
+  std::vector<i64> walked;
+  walked.reserve(t->max_depth);
   for (i64 b = 0; b < B; ++b)
-    t->insert(tokens + offsets[b], offsets[b + 1] - offsets[b], first_new[b], slots[b], nodes);
+    t->insert(tokens + offsets[b], offsets[b + 1] - offsets[b], first_new[b], slots[b], walked);
+}
+
+// B requests' trees from the trie as it is. args: offsets [B + 1], slots [B], then the tails:
+// request b's history tail is tails[offsets[b] : offsets[b + 1]]; slots[b] is its slot if its
+// last insert was of this same history (its windows are then taken from the paths kept), else
+// -1. out: tokens [B, M] (-1 past each tree), parents [B, M] (0 there), then counts [B].
+void trie_draft(void* trie, const i64* args, i64 B, i64 k, i64 max_nodes, i64 min_window, i64 max_window,
+                i64 min_breadth, i64 max_breadth, i64* out) {
+  const Trie& t = *static_cast<Trie*>(trie);
+  const Params p{k, max_nodes, min_window, max_window, min_breadth, max_breadth};
+  const i64 *offsets = args, *slots = args + B + 1, *tails = slots + B;
+  i64 *tokens = out, *parents = out + B * max_nodes, *num = parents + B * max_nodes;
+  std::fill(tokens, parents, -1);
+  std::fill(parents, num, 0);
+  for (i64 b = 0; b < B; ++b) {
+    auto it = t.lru || slots[b] < 0 ? t.growing.end() : t.growing.find(slots[b]);  // evicting: none kept
+    num[b] = draft(t, p, tails + offsets[b], offsets[b + 1] - offsets[b], it == t.growing.end() ? nullptr : &it->second,
+                   tokens + b * max_nodes, parents + b * max_nodes);
+  }
 }
 
 // Nodes that the edge map or their parent's child list does not lead to (0 for a sound trie),
@@ -366,22 +387,5 @@ i64 trie_check(void* trie) {
 
 // A finished request's kept paths dropped (its n-grams stay).
 void trie_forget(void* trie, i64 slot) { static_cast<Trie*>(trie)->growing.erase(slot); }
-
-// B requests' trees from the trie as it is: request b's history tail is
-// tails[offsets[b] : offsets[b + 1]]; its tree goes to row b of out_tokens / out_parents
-// [B, max_nodes] (the rest of the row untouched) and its node count to num[b]. slots[b]: the
-// request's slot if its last insert was of this same history (its windows are then taken
-// from the paths kept), else -1.
-void trie_draft(void* trie, const i64* tails, const i64* offsets, const i64* slots, i64 B, i64 k, i64 max_nodes,
-                i64 min_window, i64 max_window, i64 min_breadth, i64 max_breadth, i64* out_tokens, i64* out_parents,
-                i64* num) {
-  const Trie& t = *static_cast<Trie*>(trie);
-  const Params p{k, max_nodes, min_window, max_window, min_breadth, max_breadth};
-  for (i64 b = 0; b < B; ++b) {
-    auto it = t.lru || slots[b] < 0 ? t.growing.end() : t.growing.find(slots[b]);  // evicting: none kept
-    num[b] = draft(t, p, tails + offsets[b], offsets[b + 1] - offsets[b], it == t.growing.end() ? nullptr : &it->second,
-                   out_tokens + b * max_nodes, out_parents + b * max_nodes);
-  }
-}
 
 }  // extern "C"

@@ -66,6 +66,7 @@ import ctypes
 import functools
 import hashlib
 import heapq
+import itertools
 import logging
 import os
 import platform
@@ -397,7 +398,7 @@ class NgramTrieDrafter:
         self.trie: Union[NgramTrie, CompiledTrie] = (
             CompiledTrie(library, capacity, max_trie_depth) if self.impl == "native" else NgramTrie(capacity, max_trie_depth)
         )
-        self._inserted: dict[Hashable, np.ndarray] = {}  # request id -> [T] history inserted so far
+        self._inserted: dict[Hashable, bytes] = {}  # request id -> the history inserted so far, [T] int64 as bytes
         self._paths: dict[Hashable, list] = {}  # request id -> its growing paths' nodes (NgramTrie.insert)
         self._slots: dict[Hashable, int] = {}  # request id -> its number in the compiled trie (which keeps its paths)
         self._released = 0  # slots given back: numbers are never reused
@@ -428,18 +429,18 @@ class NgramTrieDrafter:
         """observe() for [(request id, history [T])], in order (the compiled trie: one call)."""
         news = []  # (request id, tail [t], first_new): tokens from first_new on are new
         for request_id, history in requests:
-            history = host_array(history)
-            seen = self._inserted.get(request_id)
+            history = host_array(history)  # [T] int64
+            seen = self._inserted.get(request_id, b"")
             old = 0
-            if seen is not None and seen.shape[0] <= history.shape[0] and np.array_equal(history[: seen.shape[0]], seen):
-                old = seen.shape[0]  # an extension: only the tail is new
+            if 0 < len(seen) <= history.nbytes and history[: len(seen) // 8].tobytes() == seen:
+                old = len(seen) // 8  # an extension: only the tail is new
             if old == history.shape[0]:
                 continue
             start = max(0, old - self.trie.max_depth + 1)  # the earliest n-gram ending at a new position
             news.append((request_id, history[start:], old - start))  # first_new 0: the history starts over
             if self.impl == "native" and request_id not in self._slots:
                 self._slots[request_id] = len(self._slots) + self._released
-            self._inserted[request_id] = history.copy()  # the caller may reuse its buffer
+            self._inserted[request_id] = history.tobytes()  # a copy: the caller may reuse its buffer
         if self.impl == "native":
             if news:
                 self.trie.insert([tail for _, tail, _ in news], [first_new for _, _, first_new in news],
@@ -597,10 +598,21 @@ class CompiledTrie:
         """B inserts in order: tails B x [t_b] int64, of which the tokens from first_new[b] on are
         new (NgramTrie.insert for each; 0: the history starts over); slots [B]: a number per
         request, under which the trie keeps its growing paths (NgramTrie.insert's `known`)."""
-        tokens, offsets = _packed(tails)
-        first, slot = np.asarray(first_new, dtype=np.int64), np.asarray(slots, dtype=np.int64)
-        self._lib.trie_insert(self._handle, tokens.ctypes.data, offsets.ctypes.data, first.ctypes.data,
-                              slot.ctypes.data, len(tails))
+        args = _packed(tails, first_new, slots)
+        self._lib.trie_insert(self._handle, args.ctypes.data, len(tails))
+
+    def draft(self, tails: list, slots: list, k: int, max_nodes: int, min_window: int, max_window: int,
+              min_breadth: int, max_breadth: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """B trees (NgramTrieDrafter.draft for each tail) -> tokens [B, M] (-1 padding),
+        parents [B, M] (0 padding), counts [B]. slots [B]: the request's slot where its last
+        insert was of this very history (its windows' nodes are then the ends of the paths kept,
+        as window_nodes), else -1 (every window found from the root)."""
+        B, M = len(tails), max_nodes
+        args = _packed(tails, slots)
+        out = np.empty(B * (2 * M + 1), dtype=np.int64)  # tokens [B, M], parents [B, M], counts [B]
+        self._lib.trie_draft(self._handle, args.ctypes.data, B, k, M, min_window, max_window, min_breadth,
+                             max_breadth, out.ctypes.data)
+        return out[: B * M].reshape(B, M), out[B * M : 2 * B * M].reshape(B, M), out[2 * B * M :]
 
     def check(self) -> int:
         """Nodes the edge map or their parent's children do not lead to: 0 for a sound trie."""
@@ -610,30 +622,14 @@ class CompiledTrie:
         """Drop a finished request's kept paths (its n-grams stay)."""
         self._lib.trie_forget(self._handle, slot)
 
-    def draft(self, tails: list, slots: list, k: int, max_nodes: int, min_window: int, max_window: int,
-              min_breadth: int, max_breadth: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """B trees (NgramTrieDrafter.draft for each tail) -> tokens [B, M] (-1 padding),
-        parents [B, M] (0 padding), counts [B]. slots [B]: the request's slot where its last
-        insert was of this very history (its windows' nodes are then the ends of the paths kept,
-        as window_nodes), else -1 (every window found from the root)."""
-        B = len(tails)
-        tokens, offsets = _packed(tails)
-        slot = np.asarray(slots, dtype=np.int64)
-        out_tokens = np.full((B, max_nodes), -1, dtype=np.int64)
-        out_parents = np.zeros((B, max_nodes), dtype=np.int64)
-        num = np.zeros(B, dtype=np.int64)
-        self._lib.trie_draft(self._handle, tokens.ctypes.data, offsets.ctypes.data, slot.ctypes.data, B, k, max_nodes,
-                             min_window, max_window, min_breadth, max_breadth, out_tokens.ctypes.data,
-                             out_parents.ctypes.data, num.ctypes.data)
-        return out_tokens, out_parents, num
 
-
-def _packed(rows: list) -> tuple[np.ndarray, np.ndarray]:
-    """B x [t_b] -> (the rows end to end [sum t_b] int64, offsets [B + 1])."""
-    offsets = np.zeros(len(rows) + 1, dtype=np.int64)
-    np.cumsum([len(r) for r in rows], out=offsets[1:])
-    tokens = np.concatenate(rows).astype(np.int64, copy=False) if rows else offsets[:0]
-    return np.ascontiguousarray(tokens), offsets
+def _packed(rows: list, *columns: list) -> np.ndarray:
+    """One int64 array for a call: the rows' offsets [B + 1], each column [B], then the rows
+    B x [t_b] int64 end to end (one pointer to pass, however many requests)."""
+    head = list(itertools.accumulate((row.shape[0] for row in rows), initial=0))
+    for column in columns:
+        head += column
+    return np.concatenate([np.array(head, dtype=np.int64), *rows])
 
 
 @functools.lru_cache(maxsize=None)
@@ -657,8 +653,9 @@ def _compiled() -> Union[ctypes.CDLL, str]:
         try:
             subprocess.run(command, check=True, capture_output=True, text=True, timeout=300)
         except (OSError, subprocess.SubprocessError) as e:
-            detail = getattr(e, "stderr", None) or str(e)
-            return f"{' '.join(command)} failed: {detail.strip().splitlines()[-1] if detail.strip() else e}"
+            lines = (getattr(e, "stderr", None) or str(e)).strip().splitlines() or [repr(e)]
+            first_error = next((line for line in lines if "error" in line), lines[-1])
+            return f"{' '.join(command)} failed: {first_error.strip()}"
         os.replace(partial, target)  # whole or not at all, whoever builds it at the same time
     try:
         library = ctypes.CDLL(str(target))
@@ -669,8 +666,8 @@ def _compiled() -> Union[ctypes.CDLL, str]:
     library.trie_free.restype, library.trie_free.argtypes = None, [ptr]
     library.trie_size.restype, library.trie_size.argtypes = i64, [ptr]
     library.trie_count.restype, library.trie_count.argtypes = i64, [ptr, ptr, i64]
-    library.trie_insert.restype, library.trie_insert.argtypes = None, [ptr, ptr, ptr, ptr, ptr, i64]
+    library.trie_insert.restype, library.trie_insert.argtypes = None, [ptr, ptr, i64]
     library.trie_forget.restype, library.trie_forget.argtypes = None, [ptr, i64]
     library.trie_check.restype, library.trie_check.argtypes = i64, [ptr]
-    library.trie_draft.restype, library.trie_draft.argtypes = None, [ptr, ptr, ptr, ptr] + [i64] * 7 + [ptr, ptr, ptr]
+    library.trie_draft.restype, library.trie_draft.argtypes = None, [ptr, ptr] + [i64] * 7 + [ptr]
     return library
