@@ -447,3 +447,70 @@ def test_a_timed_region_counts_the_captures_inside_it_with_the_heap_frozen(monke
         assert counted == {}
     assert inside > frozen and gc.get_freeze_count() == frozen and counted == {"graph_captures": 3}
 
+
+
+def test_every_capture_warms_up_on_one_side_stream_per_device(monkeypatch):
+    """graphs.capture warms up on the device's one side stream, not a new stream per capture:
+    PyTorch keeps a cuBLAS workspace (32 MiB on Hopper) per stream for the life of the process.
+    torch.cuda stood in for, as on a CPU: two captures on device 0 and one on device 1 make two
+    streams; each capture's warm-ups ran on its device's stream, then one call was captured."""
+    made, entered, device = [], [], [0]
+
+    class Stream:
+        def __init__(self):
+            made.append(self)
+
+        def wait_stream(self, other):
+            pass
+
+    class Graph:
+        def __enter__(self):
+            entered.append("capture")
+
+        def __exit__(self, *exc):
+            return False
+
+    class Context:
+        def __init__(self, stream):
+            self.stream = stream
+
+        def __enter__(self):
+            entered.append(self.stream)
+
+        def __exit__(self, *exc):
+            return False
+
+    monkeypatch.setattr(graphs, "_warmup_streams", {})
+    monkeypatch.setattr(torch.cuda, "Stream", Stream)
+    monkeypatch.setattr(torch.cuda, "stream", Context)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: Stream.__new__(Stream))  # not made by capture
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: device[0])
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", lambda: "graph")
+    monkeypatch.setattr(torch.cuda, "graph", lambda graph: Graph())
+    calls = []
+    for d in (0, 0, 1):
+        device[0] = d
+        graph, out = graphs.capture(lambda: calls.append(d) or len(calls))
+        assert graph == "graph" and out == len(calls)
+    assert len(made) == 2 and calls == [0, 0, 0, 0, 0, 0, 1, 1, 1]  # 2 warm-ups and the capture, each
+    assert entered == [made[0], "capture", made[0], "capture", made[1], "capture"]
+
+
+def test_capture_memory_runs_on_cuda_and_says_it_needs_it_elsewhere(tmp_path):
+    """experiments/capture_memory.py: on CUDA, both warm-up streams measured after every capture;
+    on a CPU, one line, exit 2, nothing written."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "experiments" / "capture_memory.py"
+    out = subprocess.run([sys.executable, str(script), str(tmp_path / "out"), "--captures", "2", "--width", "64"],
+                         capture_output=True, text=True, timeout=300)
+    if torch.cuda.is_available():
+        assert out.returncode == 0, out.stderr[-2000:]
+        record = json.loads((tmp_path / "out" / "capture_memory.json").read_text())
+        assert {name: len(grown) for name, grown in record["rows"].items()} == {"new_stream": 2, "shared": 2}
+    else:
+        assert out.returncode == 2 and out.stderr.strip() == "capture_memory: needs CUDA (graphs are captured on a GPU only)"
+        assert not (tmp_path / "out").exists()
