@@ -4,11 +4,11 @@ ngram_trie drafts on the host: each round inserts every request's new tokens int
 trie, then matches and expands. A round at batch 48 cost 3.5 to 3.9 ms of drafting on an
 H100 host (results/2026-12-05-h100-night). Here several variants run side by side in one
 process, in alternating blocks of rounds over the same histories:
-  native the compiled trie (drafter.impl=native, ngram_trie.cpp): every path walked from the
-         root, one call a round for the inserts and one for the trees
-  known  the Python trie as it is (drafter.impl=python): each request's growing paths kept from its previous insert
-         (max_trie_depth lookups per new token; NgramTrie.insert), each window's node taken
-         from the paths the insert just extended (NgramTrieDrafter.window_nodes: no walk)
+  native the compiled trie (drafter.impl=native, ngram_trie.cpp), the same method as known,
+         one call a round for the inserts and one for the trees
+  known  the Python trie as it is (drafter.impl=python): each request's growing paths kept from
+         its previous insert (max_trie_depth lookups per new token; NgramTrie.insert), each
+         window's node taken from the paths the insert just extended (window_nodes: no walk)
   find   the same insert, every window found from the root (the code at 87daf79)
   walk   every path inserted from the root (about max_trie_depth^2 / 2 node visits per new
          token), every window found from the root (the code before 87daf79)

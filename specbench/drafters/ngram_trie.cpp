@@ -6,7 +6,9 @@
 // leaf), children ranked by count then recency, breadth-first drafting from the longest
 // matched window down. The Python module builds this file with the host's C++ compiler and
 // calls it through ctypes, one call a round for every request's inserts and one for every
-// request's tree. Nothing here allocates per call but the draft's small scratch vectors.
+// request's tree. A round allocates for its new nodes (amortised: the node records and the edge
+// map double when full, a one-off stall of a few ms past a million nodes), each request's kept
+// paths and the draft's small scratch vectors.
 //
 // Letters: B requests, L max_depth, M max_nodes (the draft budget, the root excluded).
 

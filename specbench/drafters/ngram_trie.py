@@ -401,7 +401,7 @@ class NgramTrieDrafter:
         self._inserted: dict[Hashable, bytes] = {}  # request id -> the history inserted so far, [T] int64 as bytes
         self._paths: dict[Hashable, list] = {}  # request id -> its growing paths' nodes (NgramTrie.insert)
         self._slots: dict[Hashable, int] = {}  # request id -> its number in the compiled trie (which keeps its paths)
-        self._released = 0  # slots given back: numbers are never reused
+        self._slot_numbers = itertools.count()  # never reused: a released request's number stays unknown
 
     @classmethod
     def from_config(cls, cfg: NgramTrieConfig) -> NgramTrieDrafter:
@@ -439,7 +439,7 @@ class NgramTrieDrafter:
             start = max(0, old - self.trie.max_depth + 1)  # the earliest n-gram ending at a new position
             news.append((request_id, history[start:], old - start))  # first_new 0: the history starts over
             if self.impl == "native" and request_id not in self._slots:
-                self._slots[request_id] = len(self._slots) + self._released
+                self._slots[request_id] = next(self._slot_numbers)
             self._inserted[request_id] = history.tobytes()  # a copy: the caller may reuse its buffer
         if self.impl == "native":
             if news:
@@ -462,7 +462,6 @@ class NgramTrieDrafter:
             slot = self._slots.pop(request_id, None)
             if slot is not None:
                 self.trie.forget(slot)
-                self._released += 1
 
     def window_nodes(self, request_id: Hashable) -> Optional[list[int]]:
         """The trie node of each window of the request's history as last inserted, [n - 1] for
