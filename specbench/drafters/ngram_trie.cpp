@@ -27,7 +27,11 @@ using i64 = int64_t;
 // by side: one cache line read per lookup where a node-based std::unordered_map reads several.
 class EdgeMap {
  public:
-  EdgeMap() { rehash(64); }  // small tries run dense: eviction shifts entries back in tests too
+  explicit EdgeMap(size_t entries) {  // room for `entries` before the first doubling
+    size_t n = 64;
+    while (n < 2 * entries) n *= 2;
+    rehash(n);
+  }
 
   static uint64_t key(i64 node, i64 tok) { return (uint64_t(node) << 32) | uint32_t(tok); }
 
@@ -102,7 +106,15 @@ struct Trie {
   using Paths = std::vector<std::vector<i64>>;
   std::unordered_map<i64, Paths> growing;  // request slot -> node lists of its paths that may grow
 
-  Trie(i64 capacity, i64 max_depth) : capacity(capacity), max_depth(max_depth) {}
+  // Sized for the capacity up to half a million nodes (24 MB of records, 16 MB of edge map):
+  // no doubling, a copy of every node inside some round, until then. Small tries run dense, so
+  // that the tests' evictions shift edge-map entries back too.
+  static constexpr i64 kReserved = i64(1) << 19;
+
+  Trie(i64 capacity, i64 max_depth)
+      : capacity(capacity), max_depth(max_depth), edges(size_t(std::min(capacity, kReserved))) {
+    nodes.reserve(size_t(std::min(capacity, kReserved)) + 1);
+  }
 
   i64 child(i64 node, i64 tok) const {  // -1: none (a node without children is not looked up)
     return nodes[node].first_child < 0 ? -1 : edges.get(EdgeMap::key(node, tok));
