@@ -138,11 +138,11 @@ struct Trie {
     prev[0] = node;
   }
 
-  // A root-to-node path used, deepest first: ancestors end up the more recent.
+  // A root-to-node path used, deepest first: ancestors end up the more recent (the LRU list kept).
   void touch(const std::vector<i64>& path) {
     for (auto it = path.rbegin(); it != path.rend(); ++it) {
       nodes[*it].stamp = ++clock;
-      if (lru) unlink(*it), append(*it);
+      unlink(*it), append(*it);
     }
   }
 
@@ -187,8 +187,9 @@ struct Trie {
     return node;
   }
 
-  // One path from the root; nodes at depth >= new_depth (1-based) are new occurrences. Its
-  // existing nodes are touched before any eviction, so the path never loses a node.
+  // One path from the root, once the LRU list is kept; nodes at depth >= new_depth (1-based)
+  // are new occurrences. Its existing nodes are touched before any eviction, so the path never
+  // loses a node.
   void insert_path(const i64* path, i64 n, i64 new_depth, std::vector<i64>& walked) {
     walked.clear();
     for (i64 node = 0; i64(walked.size()) < n;) {
@@ -196,7 +197,6 @@ struct Trie {
       if (node < 0) break;
       walked.push_back(node);
     }
-    if (!lru && size + n > capacity) start_lru();
     i64 missing = n - i64(walked.size());
     if (size + missing > capacity) {
       touch(walked);
@@ -288,8 +288,8 @@ i64 draft(const Trie& trie, const Params& p, const i64* tail, i64 n, const Trie:
   std::deque<Item> queue;
   std::vector<i64> ranked;
   auto full = [&] { return i64(drafted.size()) >= p.max_nodes; };
+  i64 held = paths ? i64(paths->size()) : 0;  // paths in start order: the last is 1 token long
   for (i64 w = std::min(n, p.max_window); w >= p.min_window && !full(); --w) {
-    i64 held = paths ? i64(paths->size()) : 0;  // paths in start order: the last is 1 token long
     i64 matched = w <= held ? (*paths)[held - w].back() : trie.find(tail + n - w, w);
     if (matched < 0) continue;
     queue.clear();
