@@ -144,7 +144,9 @@ def timed_region():
     inside (a shape the warm-up did not meet; each a stall no steady round has, so a row with
     any is flagged, not trusted). Before it, cyclic garbage is collected (an earlier job's
     engines and graphs: freeing them mid-decode would stall it) and the heap is frozen, so that
-    a collection the decode triggers scans only what the decode made, not the whole process."""
+    a collection the decode triggers scans only what the decode made, not the whole process.
+    After it the whole heap is unfrozen, objects frozen before it too (gc has no partial
+    unfreeze; the GPU host's Python starts with 375 frozen): they rejoin the collected heap."""
     gc.collect()
     gc.freeze()
     counted, start = {}, graphs.captures()

@@ -434,7 +434,9 @@ def test_draft_bench_runs_tiny(tmp_path):
 
 def test_a_timed_region_counts_the_captures_inside_it_with_the_heap_frozen(monkeypatch):
     """The runner's measured decodes run in run.timed_region: the graphs captured inside are
-    counted (the row's graph_captures), and the heap is frozen while it runs, then not."""
+    counted (the row's graph_captures), and the heap is frozen while it runs, then not. Objects
+    frozen before it are thawed with the rest (gc has no partial unfreeze): the GPU host's Python
+    starts with 375 frozen (H100, 2026-12-06), which this test first assumed it would keep."""
     import gc
 
     from specbench.run import timed_region
@@ -445,7 +447,7 @@ def test_a_timed_region_counts_the_captures_inside_it_with_the_heap_frozen(monke
     with timed_region() as counted:
         inside = gc.get_freeze_count()
         assert counted == {}
-    assert inside > frozen and gc.get_freeze_count() == frozen and counted == {"graph_captures": 3}
+    assert inside > frozen and gc.get_freeze_count() == 0 and counted == {"graph_captures": 3}
 
 
 
