@@ -201,7 +201,8 @@ def cost_model(df: pd.DataFrame, verify_curve=None) -> pd.DataFrame:
         r_measured        = verify_ms / baseline_tpot_ms         verify forward / decode step
         o_measured        = other_ms / baseline_tpot_ms          rules and bookkeeping / decode step
         p_measured        = prefill_wait_ms / baseline_tpot_ms   prefills waited per round / decode step
-        predicted_speedup = tau / (k * c_measured + r + o_measured + p)
+        d_measured        = request_round_ms / (draft_ms + verify_ms + other_ms)   the drain factor
+        predicted_speedup = tau / ((k * c_measured + r + o_measured) * d + p)
 
 with tau = tokens_per_round. p is the prefill term of continuous batching: a request's TPOT
 holds the prefills of the requests admitted while it decodes. Over N tokens a request waits
@@ -212,6 +213,14 @@ admitted between its first and last token over its rounds, the median over reque
 without it fall back to prefill_ms, all of the run's prefills per round, which over-counts: a
 request admitted early waits for the later admissions only). The baseline's share is already in
 t1, so p appears in the denominator only. At batch 1 a TPOT holds no prefill and p = 0.
+
+d is the drain factor. c, r and o are means over batched rounds, but a request's TPOT holds its
+own rounds, and tau is pooled over request-rounds. While a batch drains, its last rounds have
+few live requests and cost less where a cost follows the requests (drafting, bookkeeping).
+request_round_ms is the round's time averaged over request-rounds, so d = 1 where every round
+has as many live requests (always at batch 1), and d > 1 where a batch drains. Rows without
+request_round_ms (before 2026-12-06) get d = 1. d scales a verify curve's r too, although a
+verify's cost follows the requests less than drafting does.
 
     with r = r_measured, or, where `verify_curve` is given (see verify_ratio: q -> t(q)/t(1)
     from a separate verify-cost benchmark, optionally per batch_size), r = the curve at
@@ -233,13 +242,16 @@ t1, so p appears in the denominator only. At batch 1 a TPOT holds no prefill and
     # prefill of the run per round (older rows: an upper bound, as not every request waits for all).
     prefill = _numeric(out, "prefill_wait_ms").fillna(_numeric(out, "prefill_ms")).fillna(0.0).where(batched, 0.0)
     out["p_measured"] = (prefill / t1).where(k.notna())
+    split = _numeric(out, "draft_ms") + _numeric(out, "verify_ms") + _numeric(out, "other_ms").fillna(0.0)
+    out["d_measured"] = (_numeric(out, "request_round_ms") / split).fillna(1.0).where(k.notna())
     r = out["r_measured"]
     if verify_curve is not None:
         batch = _numeric(out, "batch_size") if "batch_size" in out.columns else None
         out["r_curve"] = verify_ratio(verify_curve, verify_positions(out).where(k.notna()), batch)
         r = out["r_curve"]
-    out["predicted_speedup"] = predicted_speedup(_numeric(out, "tokens_per_round"), k, out["c_measured"],
-                                                 r + out["o_measured"], out["p_measured"])
+    d = out["d_measured"]
+    out["predicted_speedup"] = predicted_speedup(_numeric(out, "tokens_per_round"), k, out["c_measured"] * d,
+                                                 (r + out["o_measured"]) * d, out["p_measured"])
     return out
 
 

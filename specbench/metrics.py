@@ -55,7 +55,13 @@ class SpecStats:
 class RoundClock:
     """Wall time per batched round, split in three: drafting (the proposal and the verify inputs
     built from it, a tree's mask included), the target's forward (sampling transform included),
-    and the rest (acceptance rule, KV bookkeeping and cache moves, history updates)."""
+    and the rest (acceptance rule, KV bookkeeping and cache moves, history updates).
+
+    Each round also counts its live requests. While a batch drains (its last requests finishing
+    with no prompt left to admit) rounds have fewer live requests, and drafting and bookkeeping
+    cost less in them. A request, though, spends most of its rounds in full batches. The mean
+    over request-rounds (each round weighted by its live requests) is what a request's rounds
+    cost it: its tokens_per_round is pooled over request-rounds too."""
 
     steps: int = 0  # batched rounds: target forwards after the prefills
     draft_s: float = 0.0
@@ -63,12 +69,16 @@ class RoundClock:
     other_s: float = 0.0
     prefill_s: float = 0.0  # the admissions' prefills (requests admitted together: once)
     elapsed_s: float = 0.0  # the decode loop, prefills included
+    request_rounds: int = 0  # the rounds' live requests, summed
+    request_round_s: float = 0.0  # each round's time (the three parts) times its live requests, summed
 
-    def observe(self, draft_s: float, forward_s: float, other_s: float) -> None:
+    def observe(self, draft_s: float, forward_s: float, other_s: float, live: int = 1) -> None:
         self.steps += 1
         self.draft_s += draft_s
         self.forward_s += forward_s
         self.other_s += other_s
+        self.request_rounds += live
+        self.request_round_s += (draft_s + forward_s + other_s) * live
 
     def per_step_ms(self, seconds: float) -> Optional[float]:
         return 1e3 * seconds / self.steps if self.steps else None
@@ -121,6 +131,8 @@ def summarize(records: list, stats: SpecStats, wall_s: float, clock: Optional[Ro
         "draft_ms": clock.per_step_ms(clock.draft_s) if speculative else None,
         "verify_ms": clock.per_step_ms(clock.forward_s),
         "other_ms": clock.per_step_ms(clock.other_s),
+        # draft + verify + other a round, over request-rounds: above their sum where a batch drains
+        "request_round_ms": 1e3 * clock.request_round_s / clock.request_rounds if clock.request_rounds else None,
         # Prefill time per batched round: at batch > 1 a new request's prefill stalls the others
         # (continuous batching), a cost the per-round split above does not hold.
         "prefill_ms": clock.per_step_ms(clock.prefill_s),

@@ -305,7 +305,7 @@ def decode_requests(
             r.n += len(emitted)
             r.generated += emitted
         _synchronize(device)  # the round's cache moves (a tree path's KV entries) count in it
-        clock.observe(t_forward - t_draft, t_rule - t_forward, time.perf_counter() - t_rule)
+        clock.observe(t_forward - t_draft, t_rule - t_forward, time.perf_counter() - t_rule, live=len(rows))
     _synchronize(device)
     clock.elapsed_s += time.perf_counter() - start
     clock.prefill_s += batch.prefill_s

@@ -89,6 +89,10 @@ def test_cost_model_on_a_small_frame():
                                      batch_size=[8, 8, 8, 1]))
     np.testing.assert_allclose(waited.p_measured, [0.4, 10.0 / 9.6, np.nan, 0.0])  # row 1: t1 = 1.2 x 8
     np.testing.assert_allclose(busy.predicted_speedup, [1.75 / 1.6, np.nan, np.nan, 2.0 / 1.8])
+    # a draining batch: a round costs its requests 1.2 x the per-round mean (13 ms, draft + verify)
+    drained = cost_model(frame.assign(request_round_ms=[15.6, None, None, None]))
+    np.testing.assert_allclose(drained.d_measured, [1.2, 1.0, np.nan, 1.0])  # none recorded: 1
+    np.testing.assert_allclose(drained.predicted_speedup, [1.75 / 1.56, np.nan, np.nan, 2.0 / 1.6])
 
 
 def test_cost_model_without_cost_columns_gives_nan():

@@ -274,6 +274,27 @@ def test_round_clock_counts_batched_rounds_and_prefills(tiny_model):
     assert [r.prefill_wait_s for r in alone] == [0.0, 0.0]  # one row: nobody is admitted mid-request
 
 
+def test_round_clock_weights_each_round_by_its_live_requests(tiny_model):
+    """request_round_ms: a round's draft + verify + other time over request-rounds, each batched
+    round counted once per live request. Two hand-timed rounds (6 ms with 3 live requests, 3 ms
+    with 1) give (3 x 6 + 3) / 4 = 5.25 ms, above the per-round mean (4.5 ms). The runner counts
+    each request's rounds: 6 requests of 24 tokens in 3 rows, 23 rounds each."""
+    from specbench.metrics import RoundClock, SpecStats, summarize
+
+    clock = RoundClock()
+    clock.observe(1e-3, 2e-3, 3e-3, live=3)
+    clock.observe(1e-3, 1e-3, 1e-3, live=1)
+    row = summarize([], SpecStats(0), wall_s=1.0, clock=clock)
+    assert row["request_round_ms"] == pytest.approx(5.25)
+    assert row["verify_ms"] + row["other_ms"] == pytest.approx(4.5 - 1.0)  # the baseline has no draft_ms
+    clock = RoundClock()
+    records = decode_requests(make_engine("native", tiny_model, rows=3), PROMPTS, params=GREEDY, max_new_tokens=24,
+                              eos_ids=frozenset(), generator=torch.Generator(), clock=clock)
+    assert [r.rounds for r in records] == [23] * 6 and clock.request_rounds == 6 * 23 == 3 * clock.steps
+    assert summarize(records, SpecStats(0), wall_s=1.0, clock=clock)["request_round_ms"] == pytest.approx(
+        1e3 * (clock.draft_s + clock.forward_s + clock.other_s) / clock.steps)  # every round has 3 live requests
+
+
 @pytest.mark.parametrize("scope", ["layer", "model"])
 def test_compiled_forward_matches_the_eager_one(tiny_model, scope):
     """torch.compile of one layer (reused by all) or of the whole forward computes the same
