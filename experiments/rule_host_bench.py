@@ -18,6 +18,10 @@ for, dispatch and launch included:
     rule_torch  the same with impl=torch
     tree        rules.verify_trees(target_only, impl=triton): a 9-node tree a request (the root's 4
                 children, a chain of 4 under the first: kernel_bench's), tokens and paths back on the host
+    tree_launch kernels.tree.launch on inputs made beforehand (links, coins, noise): the tree kernel
+                and its split merge alone. tree less this, noise and a copy is the host's packing
+                of the trees and their results (0.92 ms against 0.31 at batch 48 and 1 on an H100,
+                results/2026-12-06-h100-native-trie, unexplained when this piece was added)
     tree_torch  the same with impl=torch (numpy walks: what ngram_trie's sampled rounds ran before
                 they were walked as target_only)
 
@@ -49,10 +53,11 @@ from kernel_bench import SGLANG_TREE, chain_inputs, tree_inputs  # noqa: E402  (
 from specbench import provenance  # noqa: E402
 from specbench.graphs import HostOps  # noqa: E402
 from specbench.kernels import chain  # noqa: E402
+from specbench.kernels import tree as ktree  # noqa: E402
 from specbench.rules import verify_chain, verify_trees  # noqa: E402
 from specbench.tree import compile_tree  # noqa: E402
 
-PIECES = ("sync", "copy", "noise", "launch", "rule", "rule_torch", "tree", "tree_torch")
+PIECES = ("sync", "copy", "noise", "launch", "rule", "rule_torch", "tree", "tree_launch", "tree_torch")
 
 
 def per_call_ms(fn, sync, reps: int) -> float:
@@ -89,7 +94,7 @@ def pieces(B: int, k: int, V: int, device: torch.device) -> dict:
         return copy(result.tokens, result.num_accepted)
 
     tree = compile_tree(torch.tensor(SGLANG_TREE))
-    p_tree, node_tokens = tree_inputs(B, V, device, seed=B)[:2]  # [B, N, V], [B, N]
+    p_tree, node_tokens, first_child, next_sibling, coins, tree_noise = tree_inputs(B, V, device, seed=B)  # [B, N, V], [B, N] ...
 
     def trees(impl):
         return verify_trees("target_only", p_tree, node_tokens, [tree] * B, generator=g, impl=impl)
@@ -102,6 +107,7 @@ def pieces(B: int, k: int, V: int, device: torch.device) -> dict:
         "rule": lambda: rule("triton"),
         "rule_torch": lambda: rule("torch"),
         "tree": lambda: trees("triton"),
+        "tree_launch": lambda: ktree.launch("target_only", p_tree, node_tokens, first_child, next_sibling, coins, tree_noise),
         "tree_torch": lambda: trees("torch"),
     }
 

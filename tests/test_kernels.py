@@ -583,9 +583,10 @@ def test_rule_host_bench_tiny(tmp_path):
     assert {"device", "torch", "triton", "git_sha", "date", "k", "V"} <= set(results)
     assert [r["B"] for r in results["rows"]] == [1, 2]
     for row in results["rows"]:
-        pieces = ("copy", "noise", "launch", "rule", "rule_torch", "tree", "tree_torch")
+        pieces = ("copy", "noise", "launch", "rule", "rule_torch", "tree", "tree_launch", "tree_torch")
         assert all(row[f"{p}_ms"] > 0 and row[f"{p}_ops"] > 0 for p in pieces), row
         assert row["sync_ops"] == 0 and row["rule_ops"] >= row["noise_ops"] + row["launch_ops"] + row["copy_ops"]
+        assert row["tree_ops"] >= row["tree_launch_ops"] + row["noise_ops"]  # the tree step draws its own
 
 
 def test_the_kernels_directory_hands_its_top_level_name_over(tmp_path):
