@@ -34,7 +34,6 @@ round of each variant and `known`'s time over it (its speedup over the Python tr
 from __future__ import annotations
 
 import argparse
-import gc
 import inspect
 import json
 import os
@@ -52,6 +51,7 @@ import torch
 from specbench import provenance
 from specbench.drafters.base import DraftState
 from specbench.drafters.ngram_trie import NgramTrie, NgramTrieDrafter
+from specbench.run import timed_region
 
 VOCAB = 49152
 
@@ -119,25 +119,24 @@ def bench(batch: int, rounds: int, blocks: int, variants: dict, num_draft_tokens
     trees = {name: [] for name in variants}  # every round's proposal, as bytes
     for drafter in variants.values():  # the prompts inserted untimed: a round's cost is its new tokens'
         drafter.propose(state(histories))
-    gc.collect()  # as the runner's timed_region: a collection in a round scans only what the rounds made
-    gc.freeze()
-    for block in range(blocks):
-        growth = [[texts.tokens(int(texts.rng.integers(1, 5))) for _ in range(batch)] for _ in range(rounds)]
-        start = [list(h) for h in histories]
-        names = list(variants)
-        for name in names[block % len(names):] + names[: block % len(names)]:  # the same rounds for each, first in turn
-            drafter, hist, elapsed = variants[name], [list(h) for h in start], 0.0
-            for grow in growth:
-                round_state = state(hist)
-                t = time.perf_counter()
-                proposal = drafter.propose(round_state)
-                elapsed += time.perf_counter() - t
-                trees[name].append(b"".join(x.numpy().tobytes() for x in (proposal.tokens, proposal.parents,
-                                                                          proposal.num_tokens)))
-                for h, g in zip(hist, grow):
-                    h += g
-            times[name].append(elapsed / rounds * 1e3)
-        histories = hist
+    with timed_region():  # as the runner's decodes: a collection in a round scans only what the rounds made
+        for block in range(blocks):
+            growth = [[texts.tokens(int(texts.rng.integers(1, 5))) for _ in range(batch)] for _ in range(rounds)]
+            start = [list(h) for h in histories]
+            names = list(variants)
+            for name in names[block % len(names):] + names[: block % len(names)]:  # the same rounds for each, first in turn
+                drafter, hist, elapsed = variants[name], [list(h) for h in start], 0.0
+                for grow in growth:
+                    round_state = state(hist)
+                    t = time.perf_counter()
+                    proposal = drafter.propose(round_state)
+                    elapsed += time.perf_counter() - t
+                    trees[name].append(b"".join(x.numpy().tobytes() for x in (proposal.tokens, proposal.parents,
+                                                                              proposal.num_tokens)))
+                    for h, g in zip(hist, grow):
+                        h += g
+                times[name].append(elapsed / rounds * 1e3)
+            histories = hist
     first = next(iter(trees.values()))
     return {"batch": batch, "rounds": rounds, "blocks": blocks, "num_draft_tokens": num_draft_tokens, "ms": times,
             "same_trees": all(t == first for t in trees.values()),

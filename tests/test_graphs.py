@@ -450,7 +450,6 @@ def test_a_timed_region_counts_the_captures_inside_it_with_the_heap_frozen(monke
     assert inside > frozen and gc.get_freeze_count() == 0 and counted == {"graph_captures": 3}
 
 
-
 def test_every_capture_warms_up_on_one_side_stream_per_device(monkeypatch):
     """graphs.capture warms up on the device's one side stream, not a new stream per capture:
     PyTorch keeps a cuBLAS workspace (32 MiB on Hopper) per stream for the life of the process.
