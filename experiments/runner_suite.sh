@@ -19,7 +19,8 @@
 #              seed changes only the config hash), under warmup=full and warmup=short, each in a
 #              fresh process: whether the first job of a process pays a one-time cost the
 #              warm-up leaves in its numbers (2.2 x TPOT under short on an H100, results/2026-12-06-h100)
-# TEMPS (default 0,0.7) and DRAFTERS (default all five) narrow `real`; SYN_RATES (default
+# TEMPS (default 0,0.7), DRAFTERS (default all five) and REAL_SIZES (default "1,8:16 48:48":
+# batch sizes:prompts, a sweep each) narrow `real`; SYN_RATES (default
 # "0.6 0.7 0.8 0.9") `synthetic`, whose coins are SYN_COINS (default quasi: the rates realised
 # to within 2 %, so that the control times the runner, not the coins' luck); SAMPLING_BATCHES
 # (default "1 8 48") `sampling`: a re-run of what a device call's limit cut.
@@ -81,8 +82,9 @@ if [[ $parts == *" real "* ]]; then
   # Every drafter in one sweep (one process): a process costs 30 to 50 s to start and compile,
   # a job after the first 10 to 15 s. Each job writes its rows as it ends; `collect` below
   # gathers them however the script ends.
-  real 1,8 16 +drafter="$drafters" temperature="$temps"
-  real 48 48 +drafter="$drafters" temperature="$temps"
+  for size in ${REAL_SIZES:-1,8:16 48:48}; do  # batch sizes:prompts, one sweep each
+    real "${size%:*}" "${size#*:}" +drafter="$drafters" temperature="$temps"
+  done
 fi
 if [[ $parts == *" eagle3_b8 "* ]]; then
   real 8 16 +drafter=eagle3 temperature=0.7

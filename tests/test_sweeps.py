@@ -200,6 +200,34 @@ def test_runner_suite_reruns_the_control_rates_and_sampling_batches_it_is_given(
     assert all("batch_size=48 " in s for s in sweeps[1:])
 
 
+def test_runner_suite_runs_the_real_sizes_it_is_given(tmp_path):
+    """REAL_SIZES narrows `real` to batch 48 alone (48 prompts): one sweep, with the drafters and
+    temperatures it is given; by default batch 1 and 8 (16 prompts) come first, then 48."""
+    fake = tmp_path / "py"
+    fake.write_text(
+        "#!/usr/bin/env bash\n"
+        'if [ "$2" = "specbench.datasets" ]; then exit 0; fi\n'
+        f'if [ "$1" = "-m" ]; then echo "$*" >> {tmp_path}/sweeps; exit 0; fi\n'
+        "cat > /dev/null\n"
+    )
+    fake.chmod(0o755)
+    script = Path(__file__).resolve().parents[1] / "experiments" / "runner_suite.sh"
+    sizes = []
+    for real_sizes in ["48:48", None]:
+        env = {**os.environ, "PYTHON": str(fake), "PARTS": "real", "DRAFTERS": "ngram,layerskip", "TEMPS": "0"}
+        env.pop("REAL_SIZES", None)
+        if real_sizes:
+            env["REAL_SIZES"] = real_sizes
+        (tmp_path / "sweeps").unlink(missing_ok=True)
+        proc = subprocess.run(["bash", str(script), str(tmp_path / "out")], env=env, capture_output=True, text=True,
+                              timeout=30)
+        assert proc.returncode == 0, proc.stderr
+        sweeps = (tmp_path / "sweeps").read_text().splitlines()
+        assert all("+drafter=ngram,layerskip temperature=0 " in s for s in sweeps)
+        sizes.append([(s.split("batch_size=")[1].split()[0], s.split("num_prompts=")[1].split()[0]) for s in sweeps])
+    assert sizes == [[("48", "48")], [("1,8", "16"), ("48", "48")]]
+
+
 def test_runner_suite_profiles_the_control_and_ngram_at_batch_48(tmp_path):
     """PARTS=profiles runs experiments/round_profile.py three times, into OUT/profiles/NAME, with
     the engine arguments and the target path of the suite, keeps each one's round_profile.json as
