@@ -21,12 +21,13 @@ for, dispatch and launch included:
     tree_launch kernels.tree.launch on inputs made beforehand (links, coins, noise): the tree kernel
                 and its split merge alone. tree less this, noise and a copy is the host's packing
                 of the trees and their results (0.92 ms against 0.31 at batch 48 and 1 on an H100,
-                results/2026-12-06-h100-native-trie, unexplained when this piece was added)
+                results/2026-12-06-h100-native-trie; 0.45 against 0.59 on another H100 the next
+                day, the launch 0.09 to 0.11 throughout: results/2026-12-07-h100-b48)
     tree_torch  the same with impl=torch (numpy walks: what ngram_trie's sampled rounds ran before
                 they were walked as target_only)
 
-Per piece: the median wall time a call over `reps` calls, and the aten operations one call
-dispatches (specbench.graphs.HostOps). Inputs: kernel_bench's (chain_inputs, tree_inputs: p =
+Per piece: the median wall time a call over `reps` calls, with its quartiles, the pieces taking
+turns (a call of each a rep), and the aten operations one call dispatches (specbench.graphs.HostOps). Inputs: kernel_bench's (chain_inputs, tree_inputs: p =
 softmax(3 z), a draft the argmax of p with probability 0.7, else a draw). Writes OUT/rule_host_bench.json
 (provenance: device, versions, git SHA, date) and prints a table.
 
@@ -60,18 +61,28 @@ from specbench.tree import compile_tree  # noqa: E402
 PIECES = ("sync", "copy", "noise", "launch", "rule", "rule_torch", "tree", "tree_launch", "tree_torch")
 
 
-def per_call_ms(fn, sync, reps: int) -> float:
-    """Median wall ms of fn() followed by a device synchronisation, after 3 untimed calls."""
-    for _ in range(3):
-        fn()
-        sync()
-    times = []
+def per_call_ms(calls: dict, sync, reps: int) -> dict:
+    """name -> (median, 25th, 75th percentile) wall ms of calls[name]() followed by a device
+    synchronisation, after 3 untimed calls each. The pieces take turns, one call each a rep, so
+    that a drift of the shared host (its clock, other tenants) weighs on every piece alike: timed
+    piece after piece, the tree step read 0.31 / 0.54 / 0.92 ms at batch 1 / 8 / 48 on one H100
+    and 0.59 / 0.51 / 0.45 on another (results/2026-12-07-h100-b48)."""
+    for fn in calls.values():
+        for _ in range(3):
+            fn()
+            sync()
+    times = {name: [] for name in calls}
     for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(times)
+        for name, fn in calls.items():
+            start = time.perf_counter()
+            fn()
+            sync()
+            times[name].append(time.perf_counter() - start)
+    spread = {}
+    for name, t in times.items():
+        q1, median, q3 = statistics.quantiles(t, n=4, method="inclusive")
+        spread[name] = (1e3 * median, 1e3 * q1, 1e3 * q3)
+    return spread
 
 
 def host_ops(fn) -> int:
@@ -133,9 +144,9 @@ def main(argv=None) -> int:
     for B in batches:
         calls = pieces(B, args.k, V, device)
         row = {"B": B}
-        for name in PIECES:  # alternated by piece within one batch size, all in this process
-            row[f"{name}_ms"] = per_call_ms(calls[name], sync, reps)
-            row[f"{name}_ops"] = host_ops(calls[name])
+        for name, (median, low, high) in per_call_ms(calls, sync, reps).items():
+            row.update({f"{name}_ms": median, f"{name}_p25_ms": low, f"{name}_p75_ms": high,
+                        f"{name}_ops": host_ops(calls[name])})
         results["rows"].append(row)
         print(row, flush=True)
         (args.out / "rule_host_bench.json").write_text(json.dumps(results, indent=1) + "\n")

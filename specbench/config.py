@@ -260,6 +260,9 @@ class SpecBenchConfig:
     # (under "short" the first job of a process ran at 2.2 x a later job's TPOT at batch 8 on
     # an H100, results/2026-12-06-h100); "short" the first batch_size prompts for 8 tokens
     warmup: str = "full"
+    # measured decodes of each run (the baseline's and the speculative one), after its warm-up:
+    # the row is the one whose TPOT is their median (run.timed_decodes), tpot_runs_ms lists them
+    repeats: int = 3
     results_dir: str = "results/local"
     resume: bool = True  # skip a run whose config_hash already has an "ok" row in results_dir
     logger: LoggerConfig = field(default_factory=LoggerConfig)
@@ -323,6 +326,8 @@ def validate(cfg: DictConfig | SpecBenchConfig) -> None:
         raise ConfigError("max_new_tokens", cfg.max_new_tokens, "must be >= 1")
     if cfg.batch_size < 1:
         raise ConfigError("batch_size", cfg.batch_size, "must be >= 1")
+    if cfg.repeats < 1:
+        raise ConfigError("repeats", cfg.repeats, "must be >= 1")
     if cfg.warmup not in WARMUPS:
         raise ConfigError("warmup", cfg.warmup, f"valid warm-ups: {', '.join(WARMUPS)}")
     if cfg.engine.name not in ENGINES:

@@ -109,6 +109,11 @@ def _median_ms(values) -> Optional[float]:
     return 1e3 * statistics.median(values) if values else None
 
 
+def tpot_ms(records: list) -> Optional[float]:
+    """A run's TPOT: the median over its requests of each one's decode time per token after the first."""
+    return _median_ms(r.tpot_s for r in records)
+
+
 def summarize(records: list, stats: SpecStats, wall_s: float, clock: Optional[RoundClock] = None) -> dict:
     """Per-run metrics for the results row (speculative columns are None for the baseline).
     Throughput is generated tokens over the decode loop's wall time (all requests together)."""
@@ -125,7 +130,7 @@ def summarize(records: list, stats: SpecStats, wall_s: float, clock: Optional[Ro
         "tokens_per_round": (new_tokens - len(records)) / rounds if rounds else None,
         "accept_pos": stats.accept_pos if speculative else None,
         "accept_reached": list(stats.reached) if speculative else None,  # denominators of accept_pos
-        "tpot_ms": _median_ms(r.tpot_s for r in records),
+        "tpot_ms": tpot_ms(records),
         "ttft_ms": _median_ms(r.ttft_s for r in records),
         "throughput_tok_s": new_tokens / clock.elapsed_s if clock.elapsed_s else None,
         "draft_ms": clock.per_step_ms(clock.draft_s) if speculative else None,

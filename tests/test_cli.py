@@ -106,6 +106,7 @@ def test_the_warm_up_decodes_every_prompt_unless_short(monkeypatch, warmup, prom
         (["+drafter=synthetic", "drafter.acceptance_rates=[1.5]"], "drafter.acceptance_rates"),
         (["+drafter=synthetic", "drafter.coins=sobol"], "drafter.coins=sobol: valid coins: random, quasi"),
         (["warmup=none"], "warmup=none: valid warm-ups: full, short"),
+        (["repeats=0"], "repeats=0: must be >= 1"),
         (["+tree=chain"], "drafter=None: a tree shape needs a drafter"),
     ],
 )
@@ -309,6 +310,67 @@ def test_the_baseline_runs_on_an_engine_of_its_own(tiny_checkpoint, tmp_path):
     ngram = run("+drafter=ngram")
     assert built == [((), slots)] and ngram["baseline_tpot_ms"] == eagle["baseline_tpot_ms"]
     assert len(list((tmp_path / "results" / "baselines").glob("*.json"))) == 1
+
+
+def test_the_row_is_the_repeat_with_the_median_tpot(monkeypatch):
+    """run.timed_decodes: cfg.repeats measured decodes, each with the Speculation spec_of() gives
+    (a fresh drafter where it keeps state), each in a timed_region; the row's run is the one
+    whose TPOT is the median (the lower middle of an even count), its graph captures those of
+    every repeat, and every repeat's TPOT is kept in the order they ran."""
+    from types import SimpleNamespace
+
+    from specbench.metrics import RoundClock, SpecStats
+
+    tpots = iter([3.0, 9.0, 1.0, 5.0])  # ms a token
+    captures = iter([0, 0, 1, 2, 3, 3, 5, 7])  # graphs.captures() before and after each repeat
+    monkeypatch.setattr(run_module.graphs, "captures", lambda: next(captures))
+    specs = []
+
+    def decode_all(engine, inputs, prompts, *, cfg, params, eos, spec, desc):
+        specs.append(spec)
+        tpot = next(tpots)
+        record = SimpleNamespace(tpot_s=tpot / 1e3)
+        return [record, SimpleNamespace(tpot_s=None)], SpecStats(0), RoundClock(steps=int(tpot))
+
+    monkeypatch.setattr(run_module, "decode_all", decode_all)
+    kw = dict(cfg=cfg_of("repeats=3"), params=None, eos=())
+    fresh = iter(["spec 0", "spec 1", "spec 2"])
+    timed = run_module.timed_decodes(None, [], [], kw, lambda: next(fresh), "x")
+    assert specs == ["spec 0", "spec 1", "spec 2"]
+    assert timed.tpot_runs_ms == pytest.approx([3.0, 9.0, 1.0]) and timed.clock.steps == 3  # the 3 ms repeat
+    assert timed.graph_captures == 1 and timed.records[0].tpot_s == pytest.approx(3e-3)
+    one = run_module.timed_decodes(None, [], [], {**kw, "cfg": cfg_of("repeats=1")}, lambda: None, "x")
+    assert one.tpot_runs_ms == pytest.approx([5.0]) and one.graph_captures == 2
+    assert run_module.baseline_path(cfg_of("repeats=1"), "cpu", "float32", 5, "sha") != run_module.baseline_path(
+        cfg_of("repeats=3"), "cpu", "float32", 5, "sha")  # a baseline timed one way is compared that way only
+
+
+def test_repeats_decode_ngram_trie_afresh(tiny_checkpoint, tmp_path):
+    """ngram_trie's trie keeps what it was told: each repeat drafts from a trie of its own, so
+    the three measured decodes draft, accept and emit alike, and each one's TPOT is in the row
+    (the baseline's too), the row's TPOT their median."""
+    from specbench.results import new_run_id
+
+    decodes, plain = [], run_module.decode_all
+
+    def recorded(*args, spec, desc, **kwargs):
+        records, stats, clock = plain(*args, spec=spec, desc=desc, **kwargs)
+        drafter = spec.drafter if spec is not None else None
+        decodes.append((desc, drafter, [(r.tokens, r.drafted, r.accepted) for r in records]))
+        return records, stats, clock
+
+    cfg = cfg_of(*tiny(tiny_checkpoint, tmp_path, "+drafter=ngram_trie", "drafter.impl=python", "repeats=3"))
+    row = run_module._base_row(cfg, new_run_id("x"), "x", "sha")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(run_module, "decode_all", recorded)
+        row = run_module.run(cfg, row)[0][0]
+    assert [desc for desc, _, _ in decodes] == ["warm-up", *["baseline"] * 3, "warm-up", *[row["run_id"]] * 3]
+    measured = decodes[-3:]
+    assert len({id(drafter) for _, drafter, _ in measured}) == 3 and measured[0][1] is not decodes[-4][1]
+    assert measured[0][2] == measured[1][2] == measured[2][2] and sum(sum(d) for _, d, _ in measured[0][2]) > 0
+    assert len(row["tpot_runs_ms"]) == 3 and row["tpot_ms"] == sorted(row["tpot_runs_ms"])[1]
+    assert len(row["baseline_tpot_runs_ms"]) == 3 and row["baseline_tpot_ms"] == sorted(row["baseline_tpot_runs_ms"])[1]
+    assert row["greedy_mismatches"] == 0
 
 
 def test_the_drafter_draws_from_a_stream_of_its_own():

@@ -585,6 +585,7 @@ def test_rule_host_bench_tiny(tmp_path):
     for row in results["rows"]:
         pieces = ("copy", "noise", "launch", "rule", "rule_torch", "tree", "tree_launch", "tree_torch")
         assert all(row[f"{p}_ms"] > 0 and row[f"{p}_ops"] > 0 for p in pieces), row
+        assert all(row[f"{p}_p25_ms"] <= row[f"{p}_ms"] <= row[f"{p}_p75_ms"] for p in pieces), row
         assert row["sync_ops"] == 0 and row["rule_ops"] >= row["noise_ops"] + row["launch_ops"] + row["copy_ops"]
         assert row["tree_ops"] >= row["tree_launch_ops"] + row["noise_ops"]  # the tree step draws its own
 

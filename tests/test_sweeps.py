@@ -175,10 +175,9 @@ def test_runner_suite_stopped_by_timeout_stops_its_sweep_and_collects(tmp_path):
     assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text()
 
 
-def test_runner_suite_reruns_the_control_rates_and_sampling_batches_it_is_given(tmp_path):
-    """SYN_RATES and SAMPLING_BATCHES narrow the synthetic and sampling parts to what a device
-    call's limit cut: one sweep over a = 0.6 and 0.7 with quasi coins, and batch 48's two
-    drafting methods per dataset."""
+def sweep_recorder(tmp_path):
+    """A stand-in PYTHON for experiments/runner_suite.sh: the datasets' preflight passes, each
+    sweep (-m specbench ...) appends its arguments to tmp_path/sweeps, the collect step is a no-op."""
     fake = tmp_path / "py"
     fake.write_text(
         "#!/usr/bin/env bash\n"
@@ -187,7 +186,14 @@ def test_runner_suite_reruns_the_control_rates_and_sampling_batches_it_is_given(
         "cat > /dev/null\n"
     )
     fake.chmod(0o755)
-    script = Path(__file__).resolve().parents[1] / "experiments" / "runner_suite.sh"
+    return fake
+
+
+def test_runner_suite_reruns_the_control_rates_and_sampling_batches_it_is_given(tmp_path):
+    """SYN_RATES and SAMPLING_BATCHES narrow the synthetic and sampling parts to what a device
+    call's limit cut: one sweep over a = 0.6 and 0.7 with quasi coins, and batch 48's two
+    drafting methods per dataset."""
+    fake, script = sweep_recorder(tmp_path), Path(__file__).resolve().parents[1] / "experiments" / "runner_suite.sh"
     env = {**os.environ, "PYTHON": str(fake), "PARTS": "synthetic sampling", "SYN_RATES": "0.6 0.7",
            "SAMPLING_BATCHES": "48"}
     proc = subprocess.run(["bash", str(script), str(tmp_path / "out")], env=env, capture_output=True, text=True,
@@ -203,15 +209,7 @@ def test_runner_suite_reruns_the_control_rates_and_sampling_batches_it_is_given(
 def test_runner_suite_runs_the_real_sizes_it_is_given(tmp_path):
     """REAL_SIZES narrows `real` to batch 48 alone (48 prompts): one sweep, with the drafters and
     temperatures it is given; by default batch 1 and 8 (16 prompts) come first, then 48."""
-    fake = tmp_path / "py"
-    fake.write_text(
-        "#!/usr/bin/env bash\n"
-        'if [ "$2" = "specbench.datasets" ]; then exit 0; fi\n'
-        f'if [ "$1" = "-m" ]; then echo "$*" >> {tmp_path}/sweeps; exit 0; fi\n'
-        "cat > /dev/null\n"
-    )
-    fake.chmod(0o755)
-    script = Path(__file__).resolve().parents[1] / "experiments" / "runner_suite.sh"
+    fake, script = sweep_recorder(tmp_path), Path(__file__).resolve().parents[1] / "experiments" / "runner_suite.sh"
     sizes = []
     for real_sizes in ["48:48", None]:
         env = {**os.environ, "PYTHON": str(fake), "PARTS": "real", "DRAFTERS": "ngram,layerskip", "TEMPS": "0"}
