@@ -66,7 +66,7 @@ def synthetic_table(rows: pd.DataFrame) -> pd.DataFrame:
 
 def real_table(rows: pd.DataFrame) -> pd.DataFrame:
     runs = analysis.cost_model(rows[rows.drafter.notna() & (rows.drafter != "synthetic")])
-    cols = REAL + ["rule_impl", "drafter_impl", "baseline_stalled", "graph_captures", "acceptance_rate", "tokens_per_round", "tpot_ms", "baseline_tpot_ms", "speedup",
+    cols = REAL + ["rule_impl", "drafter_impl", "baseline_stalled", "graph_captures", "acceptance_rate", "tokens_per_round", "median_tokens_per_round", "tpot_ms", "baseline_tpot_ms", "speedup",
                    "throughput_tok_s", "baseline_throughput_tok_s", "baseline_step_ms", "draft_ms", "verify_ms", "other_ms",
                    "d_measured", "predicted_speedup", "greedy_mismatches", "peak_memory_gb"]
     return runs[[c for c in cols if c in runs.columns]].sort_values(REAL).reset_index(drop=True)

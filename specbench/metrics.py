@@ -104,9 +104,14 @@ class RequestRecord:
         return self.decode_s / (len(self.tokens) - 1) if len(self.tokens) > 1 else None
 
 
-def _median_ms(values) -> Optional[float]:
+def _median(values) -> Optional[float]:
     values = [v for v in values if v is not None]
-    return 1e3 * statistics.median(values) if values else None
+    return statistics.median(values) if values else None
+
+
+def _median_ms(values) -> Optional[float]:
+    median = _median(values)
+    return None if median is None else 1e3 * median
 
 
 def tpot_ms(records: list) -> Optional[float]:
@@ -128,6 +133,9 @@ def summarize(records: list, stats: SpecStats, wall_s: float, clock: Optional[Ro
         "accepted_tokens": stats.accepted if speculative else None,
         "acceptance_rate": stats.acceptance_rate,
         "tokens_per_round": (new_tokens - len(records)) / rounds if rounds else None,
+        # each request's own, the median over requests: the tau that tpot_ms, a median over
+        # requests of round time / tau, sees (analysis.cost_model)
+        "median_tokens_per_round": _median((len(r.tokens) - 1) / r.rounds for r in records if r.rounds),
         "accept_pos": stats.accept_pos if speculative else None,
         "accept_reached": list(stats.reached) if speculative else None,  # denominators of accept_pos
         "tpot_ms": tpot_ms(records),

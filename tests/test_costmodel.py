@@ -93,6 +93,9 @@ def test_cost_model_on_a_small_frame():
     drained = cost_model(frame.assign(request_round_ms=[15.6, None, None, None]))
     np.testing.assert_allclose(drained.d_measured, [1.2, 1.0, np.nan, 1.0])  # none recorded: 1
     np.testing.assert_allclose(drained.predicted_speedup, [1.75 / 1.56, np.nan, np.nan, 2.0 / 1.6])
+    # the median request's tau, where recorded, in place of the pooled one
+    median = cost_model(frame.assign(median_tokens_per_round=[1.5, None, None, None]))
+    np.testing.assert_allclose(median.predicted_speedup, [1.5 / 1.3, np.nan, np.nan, 2.0 / 1.6])
 
 
 def test_cost_model_without_cost_columns_gives_nan():

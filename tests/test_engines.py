@@ -295,6 +295,23 @@ def test_round_clock_weights_each_round_by_its_live_requests(tiny_model):
         1e3 * (clock.draft_s + clock.forward_s + clock.other_s) / clock.steps)  # every round has 3 live requests
 
 
+def test_median_tokens_per_round_is_the_median_requests():
+    """Three requests of 9 tokens after the first: in 9, 3 and 1 rounds (tau 1, 3, 9). Pooled,
+    27 tokens in 13 rounds: 2.08, their harmonic mean; the median request's tau is 3, and the
+    median TPOT at one round time R is R / 3. A request with no round (it ended at its prefill)
+    has no tau."""
+    from specbench.metrics import RequestRecord, RoundClock, SpecStats, summarize
+
+    def request(rounds):
+        return RequestRecord("p", 4, list(range(10)), ttft_s=0.0, decode_s=rounds * 6e-3,
+                             drafted=[4] * rounds, accepted=[0] * rounds)
+
+    records = [request(9), request(3), request(1), RequestRecord("p", 4, [7], ttft_s=0.0, decode_s=0.0)]
+    row = summarize(records, SpecStats(4), wall_s=1.0, clock=RoundClock())
+    assert row["tokens_per_round"] == pytest.approx(27 / 13) and row["median_tokens_per_round"] == 3.0
+    assert row["tpot_ms"] == pytest.approx(6.0 / 3)
+
+
 @pytest.mark.parametrize("scope", ["layer", "model"])
 def test_compiled_forward_matches_the_eager_one(tiny_model, scope):
     """torch.compile of one layer (reused by all) or of the whole forward computes the same
