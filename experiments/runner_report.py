@@ -34,6 +34,18 @@ def stalled(rows: pd.DataFrame) -> pd.Series:
     return step > STALL * twin
 
 
+def spread(cells: pd.Series) -> pd.Series:
+    """max / min of each row's repeats (tpot_runs_ms, baseline_tpot_runs_ms: a list, or its text
+    in a CSV), NaN for rows without them (before `repeats`): how far one decode of the run
+    strayed from another, a stall's size where one repeat took it."""
+    def one(cell):
+        runs = json.loads(cell) if isinstance(cell, str) else cell
+        runs = [v for v in runs if v is not None] if isinstance(runs, list) else []
+        return max(runs) / min(runs) if runs and min(runs) > 0 else float("nan")
+
+    return float("nan") if cells is None else cells.map(one)
+
+
 def captured(rows: pd.DataFrame, column: str = "graph_captures") -> pd.Series:
     """Rows whose own timed decode (or, column baseline_graph_captures, their baseline's)
     captured a CUDA graph (a shape its warm-up did not meet): that stall counts in their means.
@@ -66,7 +78,9 @@ def synthetic_table(rows: pd.DataFrame) -> pd.DataFrame:
 
 def real_table(rows: pd.DataFrame) -> pd.DataFrame:
     runs = analysis.cost_model(rows[rows.drafter.notna() & (rows.drafter != "synthetic")])
-    cols = REAL + ["rule_impl", "drafter_impl", "baseline_stalled", "graph_captures", "acceptance_rate", "tokens_per_round", "median_tokens_per_round", "tpot_ms", "baseline_tpot_ms", "speedup",
+    runs = runs.assign(tpot_spread=spread(runs.get("tpot_runs_ms")),
+                       baseline_tpot_spread=spread(runs.get("baseline_tpot_runs_ms")))
+    cols = REAL + ["rule_impl", "drafter_impl", "baseline_stalled", "graph_captures", "acceptance_rate", "tokens_per_round", "median_tokens_per_round", "tpot_ms", "tpot_spread", "baseline_tpot_ms", "baseline_tpot_spread", "speedup",
                    "throughput_tok_s", "baseline_throughput_tok_s", "baseline_step_ms", "draft_ms", "verify_ms", "other_ms",
                    "d_measured", "predicted_speedup", "greedy_mismatches", "peak_memory_gb"]
     return runs[[c for c in cols if c in runs.columns]].sort_values(REAL).reset_index(drop=True)

@@ -178,3 +178,39 @@ def test_cost_model_figure_without_costs_or_synthetic_rows_is_no_data():
         figures.cost_model_figure(frame)
     with pytest.raises(figures.NoData):
         figures.synthetic_speedup_figure(frame)
+
+
+def test_runner_report_tables_the_rows_with_their_repeats_spread(tmp_path):
+    """experiments/runner_report.py on a runner_suite folder: the real-weight table holds each
+    row's measured and predicted speedup and how far its repeats strayed (max / min TPOT, read
+    back from the CSV's text of the lists; NaN for a row from before `repeats`), and the fit
+    table their ratio by batch size."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    base = dict(task="decode", k=4, topk=1, batch_size=48, num_prompts=48, max_new_tokens=48, dataset="mt_bench",
+                status="ok", device="gpu", torch_version="t", transformers_version="x", git_sha="s",
+                timestamp="2026-12-07T00:00:00+0000", draft_sample_method=None, synthetic_rate=None,
+                graph_captures=0, baseline_graph_captures=0, baseline_step_ms=1.7, baseline_tpot_ms=2.0,
+                draft_ms=0.4, verify_ms=1.8, other_ms=0.3, request_round_ms=2.5, tokens_per_round=1.2)
+    rows = pd.DataFrame([
+        {**base, "drafter": "ngram", "temperature": 0.0, "tpot_ms": 2.0, "speedup": 1.0, "median_tokens_per_round": 1.25,
+         "tpot_runs_ms": "[2.4, 2.0, 2.0]", "baseline_tpot_runs_ms": "[2.0, 3.0, 1.5]"},
+        {**base, "drafter": "ngram", "temperature": 0.7, "tpot_ms": 2.5, "speedup": 0.8, "baseline_step_ms": 1.8,
+         "median_tokens_per_round": None, "tpot_runs_ms": None, "baseline_tpot_runs_ms": None},
+    ])
+    rows.to_csv(tmp_path / "rows.csv", index=False)
+    script = Path(__file__).resolve().parents[1] / "experiments" / "runner_report.py"
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = (tmp_path / "report.md").read_text()
+    real = report.split("## d. real weights")[1].split("```")[1].splitlines()
+    header, first, second = real[1].split(), real[2].split(), real[3].split()
+    at = {name: header.index(name) for name in ("tpot_spread", "baseline_tpot_spread", "predicted_speedup")}
+    assert first[at["tpot_spread"]] == "1.200" and first[at["baseline_tpot_spread"]] == "2.000"
+    assert second[at["tpot_spread"]] == "NaN" and second[at["baseline_tpot_spread"]] == "NaN"
+    # tau 1.25 (the median) in row 1, the pooled 1.2 in row 2 (no median column then): / (4 x 0.05 + 0.9 + 0.15) x 1.0
+    assert float(first[at["predicted_speedup"]]) == pytest.approx(1.25 / 1.25, abs=1e-3)
+    assert float(second[at["predicted_speedup"]]) == pytest.approx(1.2 / 1.25, abs=1e-3)
+    assert "## e. cost model" in report and (tmp_path / "cost_model.png").exists()
