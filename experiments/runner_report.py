@@ -66,10 +66,12 @@ def synthetic_table(rows: pd.DataFrame) -> pd.DataFrame:
     runs["measured/formula"] = runs.measured / runs.formula
     # The same with the tokens per round the coins gave in place of their expectation: of the gap
     # above, what is cost (this ratio) and what the sample's acceptance (the two ratios' quotient).
-    runs["measured/formula(tau)"] = runs.measured / analysis.predicted_speedup(runs.tokens_per_round, k, runs.c_measured)
+    # (tau: the median request's, which the median TPOT sees; the pooled one in older rows)
+    tau = analysis.request_tau(runs)
+    runs["measured/formula(tau)"] = runs.measured / analysis.predicted_speedup(tau, k, runs.c_measured)
     # The per-round split's means over the median TPOT's round (batch 1: no other request's
     # prefill in either): about 1, unless a stall (a capture) inflated the means of one request.
-    runs["split/tpot"] = (runs.draft_ms + runs.verify_ms + runs.other_ms) / (runs.tpot_ms * runs.tokens_per_round)
+    runs["split/tpot"] = (runs.draft_ms + runs.verify_ms + runs.other_ms) / (runs.tpot_ms * tau)
     runs["measured/cost_model"] = runs.measured / runs.predicted_speedup
     cols = ["a", "k", "graph_captures", "split/tpot", "tokens_per_round", "c_measured", "r_measured", "measured", "formula", "measured/formula",
             "measured/formula(tau)", "predicted_speedup", "measured/cost_model"]

@@ -260,10 +260,15 @@ verify's cost follows the requests less than drafting does.
         out["r_curve"] = verify_ratio(verify_curve, verify_positions(out).where(k.notna()), batch)
         r = out["r_curve"]
     d = out["d_measured"]
-    tau = _numeric(out, "median_tokens_per_round").fillna(_numeric(out, "tokens_per_round"))
-    out["predicted_speedup"] = predicted_speedup(tau, k, out["c_measured"] * d,
+    out["predicted_speedup"] = predicted_speedup(request_tau(out), k, out["c_measured"] * d,
                                                  (r + out["o_measured"]) * d, out["p_measured"])
     return out
+
+
+def request_tau(df: pd.DataFrame) -> pd.Series:
+    """The tokens per round a row's TPOT sees: median_tokens_per_round (the median request's),
+    else, in rows before it, the pooled tokens_per_round (see cost_model)."""
+    return _numeric(df, "median_tokens_per_round").fillna(_numeric(df, "tokens_per_round"))
 
 
 def synthetic_rate(df: pd.DataFrame) -> pd.Series:

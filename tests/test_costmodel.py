@@ -199,6 +199,8 @@ def test_runner_report_tables_the_rows_with_their_repeats_spread(tmp_path):
          "tpot_runs_ms": "[2.4, 2.0, 2.0]", "baseline_tpot_runs_ms": "[2.0, 3.0, 1.5]"},
         {**base, "drafter": "ngram", "temperature": 0.7, "tpot_ms": 2.5, "speedup": 0.8, "baseline_step_ms": 1.8,
          "median_tokens_per_round": None, "tpot_runs_ms": None, "baseline_tpot_runs_ms": None},
+        {**base, "drafter": "synthetic", "synthetic_rate": 0.8, "batch_size": 1, "temperature": 0.0, "tpot_ms": 1.2,
+         "speedup": 1.5, "tokens_per_round": 2.0, "median_tokens_per_round": 2.5, "tpot_runs_ms": "[1.2]"},
     ])
     rows.to_csv(tmp_path / "rows.csv", index=False)
     script = Path(__file__).resolve().parents[1] / "experiments" / "runner_report.py"
@@ -214,3 +216,7 @@ def test_runner_report_tables_the_rows_with_their_repeats_spread(tmp_path):
     assert float(first[at["predicted_speedup"]]) == pytest.approx(1.25 / 1.25, abs=1e-3)
     assert float(second[at["predicted_speedup"]]) == pytest.approx(1.2 / 1.25, abs=1e-3)
     assert "## e. cost model" in report and (tmp_path / "cost_model.png").exists()
+    # the control against its formula at its own tau: the median request's 2.5, not the pooled 2.0
+    control = report.split("## c. synthetic control")[1].split("```")[1].splitlines()
+    header, row = control[1].split(), control[2].split()
+    assert float(row[header.index("measured/formula(tau)")]) == pytest.approx(1.5 / (2.5 / 1.2), abs=1e-3)
