@@ -168,6 +168,17 @@ class Timed:
     tpot_runs_ms: list  # each repeat's TPOT, in the order they ran
 
 
+def afresh(spec: Speculation, cfg: DictConfig, params: SamplingParams) -> Speculation:
+    """spec, its drafter as it was before the warm-up drafted: a new one for a drafter without a
+    model (ngram_trie's trie keeps what it was told), the same one back at the start of its own
+    stream for the others (its weights and graphs are kept)."""
+    if cfg.drafter.name in MODEL_FREE:
+        return dataclasses.replace(spec, drafter=build_drafter(cfg.drafter, params, cfg.seed))
+    if hasattr(spec.drafter, "reseed"):
+        spec.drafter.reseed()
+    return spec
+
+
 def timed_decodes(engine, inputs, prompts, kw: dict, spec_of, desc: str) -> Timed:
     """cfg.repeats measured decodes, each in a timed_region -> the median-TPOT one.
 
@@ -176,8 +187,8 @@ def timed_decodes(engine, inputs, prompts, kw: dict, spec_of, desc: str) -> Time
     requests does not filter it. A batch-48 baseline once read 2.96 ms where the same baseline
     in another process read 1.98 (results/2026-12-07-h100-b48), and the one baseline is every
     drafter's denominator. The repeats are the same computation (the runner's generator is
-    seeded afresh in each, and spec_of() gives each a fresh drafter where it keeps state): the
-    whole row comes from one run, so its costs and TPOT stay consistent for the cost model.
+    seeded afresh in each, and spec_of() gives each its drafter afresh): the whole row comes
+    from one run, so its costs and TPOT stay consistent for the cost model.
     spec_of: () -> Speculation or None."""
     cfg, runs, captures = kw["cfg"], [], 0
     for _ in range(cfg.repeats):
@@ -325,13 +336,8 @@ def run(cfg: DictConfig, row: dict) -> tuple[list, list]:
     if records is None:
         engine = build_engine(cfg, model, inputs, tuple(getattr(drafter, "feature_layers", ())))
         warm_up(engine, inputs, prompts, kw, spec)
-        # ngram_trie would keep what the warm-up (and an earlier repeat) said
-        fresh = cfg.drafter.name in MODEL_FREE
         _reset_peak_memory(engine.device)
-        timed = timed_decodes(
-            engine, inputs, prompts, kw,
-            lambda: dataclasses.replace(spec, drafter=build_drafter(cfg.drafter, params, cfg.seed)) if fresh else spec,
-            row["run_id"])
+        timed = timed_decodes(engine, inputs, prompts, kw, lambda: afresh(spec, cfg, params), row["run_id"])
         records = timed.records
 
     row.update(summarize(records, timed.stats, wall_s=time.perf_counter() - started, clock=timed.clock))

@@ -90,6 +90,12 @@ class ChainsAndTrees:
                 return trees(state)
         return draft(self.steppers, state, self.method, self.params, self.generator)
 
+    def reseed(self) -> None:
+        """Back to the first draws of its stream (sampled drafts), so that each measured decode
+        of a run (run.timed_decodes) draws what the first did."""
+        if self.generator is not None:
+            self.generator.manual_seed(self.seed)
+
     def release(self, request_ids) -> None:
         """Forget finished requests: their steppers, rows and caches."""
         request_ids = tuple(request_ids)
