@@ -27,8 +27,9 @@ for, dispatch and launch included:
                 they were walked as target_only)
 
 Per piece: the median wall time a call over `reps` calls, with its quartiles, the pieces taking
-turns (a call of each a rep), and the aten operations one call dispatches (specbench.graphs.HostOps). Inputs: kernel_bench's (chain_inputs, tree_inputs: p =
-softmax(3 z), a draft the argmax of p with probability 0.7, else a draw). Writes OUT/rule_host_bench.json
+turns (a call of each a rep), and the aten operations one call dispatches
+(specbench.graphs.HostOps). Inputs: kernel_bench's (chain_inputs, tree_inputs: p = softmax(3 z),
+a draft the argmax of p with probability 0.7, else a draw). Writes OUT/rule_host_bench.json
 (provenance: device, versions, git SHA, date) and prints a table.
 
 --tiny: B in {1, 2}, V = 96, 3 reps, on the CPU under TRITON_INTERPRET=1 (set here before the

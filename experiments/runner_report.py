@@ -34,7 +34,7 @@ def stalled(rows: pd.DataFrame) -> pd.Series:
     return step > STALL * twin
 
 
-def spread(cells: pd.Series) -> pd.Series:
+def spread(cells: pd.Series | None) -> pd.Series | float:
     """max / min of each row's repeats (tpot_runs_ms, baseline_tpot_runs_ms: a list, or its text
     in a CSV), NaN for rows without them (before `repeats`): how far one decode of the run
     strayed from another, a stall's size where one repeat took it."""
