@@ -61,7 +61,7 @@ class RoundClock:
     with no prompt left to admit) rounds have fewer live requests, and drafting and bookkeeping
     cost less in them. A request, though, spends most of its rounds in full batches. The mean
     over request-rounds (each round weighted by its live requests) is what a request's rounds
-    cost it: its tokens_per_round is pooled over request-rounds too."""
+    cost it."""
 
     steps: int = 0  # batched rounds: target forwards after the prefills
     draft_s: float = 0.0
