@@ -168,14 +168,12 @@ class Timed:
     tpot_runs_ms: list  # each repeat's TPOT, in the order they ran
 
 
-def afresh(spec: Speculation, cfg: DictConfig, params: SamplingParams) -> Speculation:
-    """spec, its drafter as it was before the warm-up drafted: a new one for a drafter without a
-    model (ngram_trie's trie keeps what it was told), the same one back at the start of its own
-    stream for the others (its weights and graphs are kept)."""
-    if cfg.drafter.name in MODEL_FREE:
-        return dataclasses.replace(spec, drafter=build_drafter(cfg.drafter, params, cfg.seed))
-    if hasattr(spec.drafter, "reseed"):
-        spec.drafter.reseed()
+def afresh(spec: Speculation) -> Speculation:
+    """spec, its drafter as it was before the warm-up drafted (drafters/base.py: restart); its
+    weights and graphs are kept."""
+    restart = getattr(spec.drafter, "restart", None)
+    if restart is not None:
+        restart()
     return spec
 
 
@@ -337,7 +335,7 @@ def run(cfg: DictConfig, row: dict) -> tuple[list, list]:
         engine = build_engine(cfg, model, inputs, tuple(getattr(drafter, "feature_layers", ())))
         warm_up(engine, inputs, prompts, kw, spec)
         _reset_peak_memory(engine.device)
-        timed = timed_decodes(engine, inputs, prompts, kw, lambda: afresh(spec, cfg, params), row["run_id"])
+        timed = timed_decodes(engine, inputs, prompts, kw, lambda: afresh(spec), row["run_id"])
         records = timed.records
 
     row.update(summarize(records, timed.stats, wall_s=time.perf_counter() - started, clock=timed.clock))

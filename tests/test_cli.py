@@ -346,7 +346,7 @@ def test_the_row_is_the_repeat_with_the_median_tpot(monkeypatch):
 
 
 @pytest.mark.parametrize("drafter", [
-    ("+drafter=ngram_trie", "drafter.impl=python"),  # a trie that keeps what it was told: a new one each repeat
+    ("+drafter=ngram_trie", "drafter.impl=python"),  # a trie that keeps what it was told: an empty one each repeat
     ("+drafter=synthetic", "drafter.coins=random", "temperature=0.8"),  # its coins: a stream of its own
     ("+drafter=layerskip", "drafter.layers=1", "drafter.draft_sample_method=probabilistic", "temperature=0.8"),
 ])
@@ -361,8 +361,8 @@ def test_repeats_decode_their_drafter_afresh(tiny_checkpoint, tmp_path, drafter)
 
     def recorded(*args, spec, desc, **kwargs):
         records, stats, clock = plain(*args, spec=spec, desc=desc, **kwargs)
-        drafter = spec.drafter if spec is not None else None
-        decodes.append((desc, drafter, [(r.tokens, r.drafted, r.accepted) for r in records]))
+        trie = getattr(spec.drafter, "trie", None) if spec is not None else None  # the one this decode filled
+        decodes.append((desc, trie, [(r.tokens, r.drafted, r.accepted) for r in records]))
         return records, stats, clock
 
     cfg = cfg_of(*tiny(tiny_checkpoint, tmp_path, *drafter, "k=3", "repeats=3"))
@@ -373,7 +373,8 @@ def test_repeats_decode_their_drafter_afresh(tiny_checkpoint, tmp_path, drafter)
     assert [desc for desc, _, _ in decodes] == ["warm-up", *["baseline"] * 3, "warm-up", *[row["run_id"]] * 3]
     measured = decodes[-3:]
     if "ngram_trie" in drafter[0]:
-        assert len({id(d) for _, d, _ in measured}) == 3 and measured[0][1] is not decodes[-4][1]
+        tries = [trie for _, trie, _ in decodes[-4:]]  # the warm-up's, then each repeat's: four, each filled
+        assert len({id(t) for t in tries}) == 4 and all(len(t) > 0 for t in tries)
     assert measured[0][2] == measured[1][2] == measured[2][2] and sum(sum(d) for _, d, _ in measured[0][2]) > 0
     assert decodes[1][2] == decodes[2][2] == decodes[3][2]  # the baseline's repeats: one stream (T = 0.8 too)
     assert len(row["tpot_runs_ms"]) == 3 and row["tpot_ms"] == sorted(row["tpot_runs_ms"])[1]

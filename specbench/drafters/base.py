@@ -12,9 +12,10 @@ Drafters hold no per-round bookkeeping that the runner must call: each proposal 
 of the state, which carries the whole history. A drafter with a KV cache of its own keeps one per
 request id, keyed by the tokens it has seen, and crops it to the common prefix with the new
 history (that is how it rolls back rejected drafts); its `release(request_ids)`, which the runner
-calls for finished requests when the drafter has one, frees them. A drafter that draws from a
-stream of its own (sampled drafts, the synthetic control's coins) has `reseed()`: back to the
-stream's start, called before each measured decode of a run so that its repeats are alike.
+calls for finished requests when the drafter has one, frees them. A drafter that keeps anything
+from one decode to the next (a stream of its own: sampled drafts, the synthetic control's coins;
+ngram_trie's trie of every text it was told) has `restart()`: back to as it was built, called
+before each measured decode of a run so that its repeats are alike.
 """
 
 from __future__ import annotations

@@ -90,9 +90,10 @@ class ChainsAndTrees:
                 return trees(state)
         return draft(self.steppers, state, self.method, self.params, self.generator)
 
-    def reseed(self) -> None:
+    def restart(self) -> None:
         """Back to the first draws of its stream (sampled drafts), so that each measured decode
-        of a run (run.timed_decodes) draws what the first did."""
+        of a run (run.timed_decodes) draws what the first did. Its caches stay: they are keyed by
+        the tokens seen, so a request that starts over finds nothing it did not see."""
         if self.generator is not None:
             self.generator.manual_seed(self.seed)
 

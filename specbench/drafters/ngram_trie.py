@@ -395,9 +395,16 @@ class NgramTrieDrafter:
         if impl == "auto" and not isinstance(library, ctypes.CDLL):
             log.warning("ngram_trie: drafter.impl=auto runs the Python trie: %s", library)
         self.impl = "native" if isinstance(library, ctypes.CDLL) else "python"  # what runs
-        self.trie: Union[NgramTrie, CompiledTrie] = (
-            CompiledTrie(library, capacity, max_trie_depth) if self.impl == "native" else NgramTrie(capacity, max_trie_depth)
+        self._new_trie = (
+            functools.partial(CompiledTrie, library, capacity, max_trie_depth) if self.impl == "native"
+            else functools.partial(NgramTrie, capacity, max_trie_depth)
         )
+        self.restart()
+
+    def restart(self) -> None:
+        """An empty trie and no requests: the drafter as it was built, before a run's warm-up
+        told it anything (each measured decode of a run starts here: run.timed_decodes)."""
+        self.trie: Union[NgramTrie, CompiledTrie] = self._new_trie()
         self._inserted: dict[Hashable, bytes] = {}  # request id -> the history inserted so far, [T] int64 as bytes
         self._paths: dict[Hashable, list] = {}  # request id -> its growing paths' nodes (NgramTrie.insert)
         self._slots: dict[Hashable, int] = {}  # request id -> its number in the compiled trie (which keeps its paths)

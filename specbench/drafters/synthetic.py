@@ -47,7 +47,7 @@ class SyntheticDrafter(ChainsAndTrees):
         self.rates, self.draft_layers, self.params, self.coin_kind = rates, draft_layers, params, coins
         self.method, self.generator = "greedy", None  # the drafts' text does not matter: acceptance is dictated
         self.seed = seed
-        self.reseed()
+        self.restart()
         self.steppers: Optional[Steppers] = None  # request id -> LMStepper (if the native chain cannot run)
         self.chain: Optional[NativeChain] = None  # batched chains
 
@@ -64,7 +64,7 @@ class SyntheticDrafter(ChainsAndTrees):
         self.chain = NativeChain(lambda: Transformer.from_hf(view), rows, max_length, cuda_graphs=cuda_graphs,
                                  compile=compile)
 
-    def reseed(self) -> None:
+    def restart(self) -> None:
         """Back to the first of its coins: each measured decode of a run dictates the same acceptance."""
         self.coins = np.random.default_rng(self.seed)  # acceptance: a stream of its own, drawn on the host
         self.weyl = np.random.default_rng([self.seed, 1]).random()  # quasi: the start, then frac(start + t * GOLDEN)
