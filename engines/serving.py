@@ -4,7 +4,8 @@
 bad input costs nothing: the translation (a combination the engine cannot express stops with one
 line), the engine's import (not installed: one line naming the extra), the weights, the prompts
 (the same token ids as the native runner's: specbench's tokenizer and chat template), a warm-up
-on the first batch_size prompts, then every prompt in one generate call. The engines' counters
+on the first batch_size prompts, then every prompt in one generate call (once: the native
+runner's `repeats` are not run here, and the row says repeats=1). The engines' counters
 are cumulative, so the warm-up is excluded by taking differences.
 
 The row keeps specbench's definitions (specbench.metrics) wherever an engine reports enough:
@@ -164,7 +165,9 @@ def run_on_engine(cfg: DictConfig, row: dict) -> tuple[list, list]:
     row.update(result.fields)
     row.update(num_prompts=len(prompts), engine_version=getattr(engine, "__version__", None),
                wall_s=time.perf_counter() - started, status="ok",
-               warmup="short")  # what ran: the first batch_size prompts for WARMUP_TOKENS, whatever cfg.warmup says
+               # what ran, whatever cfg says: a warm-up of the first batch_size prompts for WARMUP_TOKENS,
+               # then one measured generate call
+               warmup="short", repeats=1)
     return [row], result.records
 
 

@@ -15,7 +15,7 @@ from specbench.results import COLUMNS, read_jsonl
 # "greedy" at temperature 0 (whatever top_k, top_p and seed), else temperature, top_k, top_p and
 # seed: as run.baseline_path keys the cached baseline, code (git_sha) included.
 BASELINE_MATCH = ("target", "dataset", "num_prompts", "max_new_tokens", "sampling", "batch_size", "device", "dtype",
-                  "engine", "engine_options", "warmup", "git_sha")
+                  "engine", "engine_options", "warmup", "repeats", "git_sha")
 
 
 def load_results(results_dir: str | Path, *, ok_only: bool = False) -> pd.DataFrame:

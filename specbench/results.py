@@ -22,7 +22,7 @@ from typing import Any
 
 COLUMNS = (
     "run_id", "task", "target", "drafter", "rule", "k", "topk", "num_draft_tokens", "temperature", "top_k", "top_p",
-    "batch_size", "warmup", "dataset", "num_prompts", "new_tokens", "rounds", "drafted_tokens",
+    "batch_size", "warmup", "repeats", "dataset", "num_prompts", "new_tokens", "rounds", "drafted_tokens",
     "accepted_tokens", "acceptance_rate", "tokens_per_round", "median_tokens_per_round", "accept_pos", "tpot_ms", "ttft_ms",
     "throughput_tok_s", "wall_s", "draft_ms", "verify_ms", "other_ms", "request_round_ms", "prefill_ms", "prefill_wait_ms", "baseline_tpot_ms",
     "baseline_throughput_tok_s", "baseline_step_ms", "peak_memory_gb", "kv_bytes_per_token", "engine", "engine_options", "rule_impl", "drafter_impl", "draft_sample_method", "synthetic_rate", "synthetic_coins", "kv_slots_used", "kv_slots_reserved_vllm", "kv_slots_reserved_sglang",

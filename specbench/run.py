@@ -248,6 +248,7 @@ def _base_row(cfg: DictConfig, run_id: str, chash: str, git_sha: str | None) -> 
         drafter=cfg.drafter.name if speculative else None, rule=rule, k=cfg.k if speculative else None,
         topk=tree_shape(cfg)[0] if speculative else None, num_draft_tokens=tree_shape(cfg)[1] if speculative else None,
         temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, batch_size=cfg.batch_size, warmup=cfg.warmup,
+        repeats=cfg.repeats,
         dataset=cfg.dataset.name, git_sha=git_sha, config_hash=chash,
         max_new_tokens=cfg.max_new_tokens, seed=cfg.seed, target_path=cfg.target.path,
         timestamp=time.strftime("%Y-%m-%dT%H:%M:%S%z"), hydra_dir=_hydra_dir(), **rule_params,

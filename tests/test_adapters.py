@@ -350,6 +350,7 @@ def test_the_vllm_adapter_runs_the_prompts_and_fills_the_row(monkeypatch, tmp_pa
     assert len(requests) == 2 and all(r["prompt_token_ids"] for r in requests)  # specbench's token ids, chat template applied
     approx_row(row, {key: value for key, value in fixture["expected"].items() if key != "throughput_tok_s"})
     assert row["engine"] == "vllm" and row["engine_version"] == "0.32.0" and row["num_prompts"] == 2 and row["speedup"] is None
+    assert row["warmup"] == "short" and row["repeats"] == 1  # what ran: one measured generate call (cfg says 3)
 
 
 def test_the_sglang_adapter_runs_the_prompts_and_fills_the_row(monkeypatch, tmp_path, tiny_checkpoint):
