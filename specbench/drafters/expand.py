@@ -92,8 +92,8 @@ class ChainsAndTrees:
 
     def restart(self) -> None:
         """Back to the first draws of its stream (sampled drafts), so that each measured decode
-        of a run (run.timed_decodes) draws what the first did. Its caches stay: they are keyed by
-        the tokens seen, so a request that starts over finds nothing it did not see."""
+        of a run (run.timed_decodes) draws what the first did. Its per-request caches need no
+        reset: the runner releases each request as it finishes."""
         if self.generator is not None:
             self.generator.manual_seed(self.seed)
 
