@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import numpy as np
 import torch
@@ -159,8 +159,7 @@ def _recursive_choice(p_c, total, c, valid, coins):
     return _first((p_c > 0) & (coins * mass < p_c))
 
 
-@dataclass(frozen=True)
-class TreeResult:
+class TreeResult(NamedTuple):  # a tuple, not a frozen dataclass: a batch of 48 builds 48 a round
     path: list  # accepted tree nodes, the root (0) first
     tokens: list  # emitted: the accepted drafts, then the recovered or bonus token
     tried: int  # depths at which drafts were tested: the accepted ones, plus a refused level
@@ -529,15 +528,19 @@ def _verify_trees_kernel(rule, target_probs, node_tokens, trees, generator, thre
         raise ValueError(f"rule={rule} takes no thresholds; use rule thresholded")
     A, _, V = target_probs.shape
     device = target_probs.device
-    N = max(t.host.depth.shape[0] for t in trees)
-    D = max(t.host.levels for t in trees)
-    Z = max(t.host.child_table.shape[1] for t in trees)  # the most children of one node, over the batch
+    hosts = [t.host for t in trees]
+    N = max(h.links.shape[1] for h in hosts)
+    D = max(h.levels for h in hosts)
+    Z = max(h.child_table.shape[1] for h in hosts)  # the most children of one node, over the batch
     # Padded in numpy (no torch dispatch per tree), one copy to the device: [3, A, N] each
-    # node's first child, next sibling and depth, -1 on padding nodes.
-    packed = np.full((3, A, N), -1, dtype=np.int64)
-    for a, t in enumerate(trees):
-        m = t.host.depth.shape[0]
-        packed[:, a, :m] = t.host.next_token, t.host.next_sibling, t.host.depth
+    # node's first child, next sibling and depth, -1 on padding nodes. One tree for every
+    # request (a fixed tree shape) is broadcast; the host's work per tree is what grows with A.
+    if all(h is hosts[0] for h in hosts):
+        packed = np.repeat(hosts[0].links[:, None, :], A, axis=1)
+    else:
+        packed = np.full((3, A, N), -1, dtype=np.int64)
+        for a, h in enumerate(hosts):
+            packed[:, a, : h.links.shape[1]] = h.links
     links = torch.from_numpy(packed).to(device)
     tokens = torch.where(links[2] >= 0, node_tokens[:, :N].to(device), -1)  # padding nodes: -1
     if rule == "greedy":

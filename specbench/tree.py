@@ -17,13 +17,14 @@ import torch
 
 
 class TreeHost(NamedTuple):
-    depth: np.ndarray  # [N] int64
+    depth: np.ndarray  # [N] int64 (links[2])
     mask: np.ndarray  # [N, N] bool
     child_table: np.ndarray  # [N, Z] int64
     levels: int  # depth.max()
     children: tuple  # N tuples: each node's children in try order (the host walk's, specbench.rules)
-    next_token: np.ndarray  # [N] int64
-    next_sibling: np.ndarray  # [N] int64
+    next_token: np.ndarray  # [N] int64 (links[0])
+    next_sibling: np.ndarray  # [N] int64 (links[1])
+    links: np.ndarray  # [3, N] int64: next_token, next_sibling, depth, the tree kernel's per-node inputs
 
 
 @dataclass(frozen=True)
@@ -87,8 +88,9 @@ def compile_tree(parents: torch.Tensor, offset: int = 0) -> TreeBuffers:
     Z = max(map(len, children))
     table = [c + [-1] * (Z - len(c)) for c in children]
     as_array = lambda x: np.array(x, dtype=np.int64)  # noqa: E731
-    host = TreeHost(as_array(depth), np.array(mask, dtype=bool), as_array(table).reshape(N, Z), max(depth),
-                    tuple(map(tuple, children)), as_array(next_token), as_array(next_sibling))
+    links = as_array([next_token, next_sibling, depth])  # [3, N]: a batch packs it in one copy a tree
+    host = TreeHost(links[2], np.array(mask, dtype=bool), as_array(table).reshape(N, Z), max(depth),
+                    tuple(map(tuple, children)), links[0], links[1], links)
     return TreeBuffers(parents, torch.from_numpy(host.depth), torch.from_numpy(host.mask),
                        torch.from_numpy(host.next_token), torch.from_numpy(host.next_sibling),
                        torch.arange(offset, offset + N, dtype=torch.int64), torch.from_numpy(host.child_table), host)

@@ -21,6 +21,7 @@ import sys
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
@@ -310,6 +311,22 @@ def test_verify_trees_greedy_is_the_walk_request_by_request():
             assert (alone.path, alone.tokens, alone.tried) == (ref.path, ref.tokens, ref.tried), (seed, a)
             accepted.add(out.num_accepted)
     assert {0, 1} <= accepted and max(accepted) >= 3  # refusals, and walks deep into a tree
+
+
+@needs_triton
+def test_one_tree_for_every_request_is_packed_as_many():
+    """A batch whose requests share one tree object (a fixed tree shape: the runner caches trees
+    by shape) is packed by broadcasting its links; each request still gets its own walk, and
+    the links are the tree's next_token, next_sibling and depth, in the same memory."""
+    tree = sglang_tree()
+    assert tree.host.links.shape == (3, tree.parents.shape[0])
+    assert np.shares_memory(tree.host.links, tree.host.depth) and np.shares_memory(tree.host.links, tree.host.next_token)
+    assert tree.host.links[2].tolist() == tree.depth.tolist() and tree.host.links[1].tolist() == tree.next_sibling.tolist()
+    copies = [compile_tree(tree.parents) for _ in range(6)]  # the same shape, six objects: the per-tree packing
+    p, tokens = ragged_inputs(copies, 64, seed=3)
+    shared = verify_trees("greedy", p, tokens, [tree] * 6, impl="triton")
+    assert shared == verify_trees("greedy", p, tokens, copies, impl="triton") == verify_trees("greedy", p, tokens, copies)
+    assert len({r.num_accepted for r in shared}) > 1  # the requests' walks differ
 
 
 def half_on_the_children(trees, V, seed):
