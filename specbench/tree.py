@@ -41,8 +41,9 @@ class TreeBuffers:
     child_table:  [N, Z] each node's children in try order, -1 after them (Z the most children
                   of one node): the batched walk's lookup
     host:         depth, mask, child_table, next_token and next_sibling as numpy (the same
-                  memory), the deepest level and each node's children: what a batch of trees is
-                  assembled and walked from, with no torch dispatch per tree
+                  memory; links stacks next_token, next_sibling and depth), the deepest level and
+                  each node's children: what a batch of trees is assembled and walked from, with
+                  no torch dispatch per tree
     """
 
     parents: torch.Tensor
