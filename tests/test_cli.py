@@ -375,6 +375,7 @@ def test_repeats_decode_their_drafter_afresh(tiny_checkpoint, tmp_path, drafter)
     if "ngram_trie" in drafter[0]:
         tries = [trie for _, trie, _ in decodes[-4:]]  # the warm-up's, then each repeat's: four, each filled
         assert len({id(t) for t in tries}) == 4 and all(len(t) > 0 for t in tries)
+        assert row["greedy_mismatches"] == 0  # T = 0: the lossless rule emits the baseline's text
     assert measured[0][2] == measured[1][2] == measured[2][2] and sum(sum(d) for _, d, _ in measured[0][2]) > 0
     assert decodes[1][2] == decodes[2][2] == decodes[3][2]  # the baseline's repeats: one stream (T = 0.8 too)
     assert len(row["tpot_runs_ms"]) == 3 and row["tpot_ms"] == sorted(row["tpot_runs_ms"])[1]
