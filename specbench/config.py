@@ -124,8 +124,8 @@ class NgramTrieConfig(DrafterConfig):
     max_match_window: int = 12
     min_bfs_breadth: int = 1  # children kept per node in the breadth-first walk
     max_bfs_breadth: int = 10
-    # the trie: native (ngram_trie.cpp, built with the host's C++ compiler), python (the
-    # reference), or auto (native where it builds, else python with a warning)
+    # the trie (TRIE_IMPLS): native (ngram_trie.cpp, built with the host's C++ compiler), python
+    # (the reference), or auto (native where it builds, else python with a warning)
     impl: str = "auto"
 
 
@@ -279,6 +279,7 @@ class SpecBenchConfig:
 RULES = ("standard", "onehot", "target_only", "thresholded")
 IMPLS = ("torch", "triton")  # drafter.impl, and what rule.impl resolves to
 RULE_IMPLS = ("auto", *IMPLS)  # rule.impl
+TRIE_IMPLS = ("auto", "python", "native")  # ngram_trie's drafter.impl: which trie, not where a search runs
 
 
 def register() -> None:
@@ -349,16 +350,15 @@ def validate(cfg: DictConfig | SpecBenchConfig) -> None:
         if value is not None and not 0 < value <= 1:
             raise ConfigError(f"rule.{key}", value, "must be in (0, 1]")
     for key, node in (("rule.impl", cfg.rule), ("drafter.impl", cfg.drafter)):
-        # ngram_trie's drafter.impl picks its trie (auto, python, native): its constructor checks it
-        if node is not None and node.get("impl") is not None and node.get("name") != "ngram_trie":
-            _validate_impl(cfg, key, node.impl)
+        if node is not None and node.get("impl") is not None:
+            _validate_impl(cfg, key, node.impl, node.get("name"))
     if cfg.get("tree") is not None:
         _validate_tree(cfg)
     # A drafter's own parameters are checked by its constructor (built before any model work).
 
 
-def _validate_impl(cfg, key: str, impl: str) -> None:
-    valid = RULE_IMPLS if key == "rule.impl" else IMPLS
+def _validate_impl(cfg, key: str, impl: str, name: str | None) -> None:
+    valid = RULE_IMPLS if key == "rule.impl" else TRIE_IMPLS if name == "ngram_trie" else IMPLS
     if impl not in valid:
         raise ConfigError(key, impl, f"valid impls: {', '.join(valid)}")
     if impl == "triton" and importlib.util.find_spec("triton") is None:

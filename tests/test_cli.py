@@ -165,10 +165,11 @@ def test_bad_value_exits_nonzero_with_one_line_and_a_failed_row(tmp_path):
 
 
 def test_a_bad_trie_impl_is_one_line_and_a_failed_row(tmp_path):
-    """ngram_trie's drafter.impl is checked by the drafter (its impls are not ngram's), before any model work."""
+    """ngram_trie's drafter.impl names a trie (auto, python, native), not where a search runs: config.validate
+    checks it against those, before any model work."""
     proc = cli("+drafter=ngram_trie", "drafter.impl=triton", f"results_dir={tmp_path}")
     assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines()[-1] == "error: drafter.impl=triton: valid: auto, python, native"
+    assert proc.stderr.strip().splitlines()[-1] == "error: drafter.impl=triton: valid impls: auto, python, native"
     assert load_results(tmp_path).status.tolist() == ["failed"]
 
 

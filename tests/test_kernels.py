@@ -479,6 +479,10 @@ def test_impl_is_chosen_in_config():
         assert str(e.value) == f"{key}.impl=bogus: valid impls: {'auto, ' if key == 'rule' else ''}torch, triton"
     with pytest.raises(ConfigError, match=r"^drafter.impl=auto: valid impls: torch, triton$"):
         validate(cfg_of("+drafter=ngram", "drafter.impl=auto"))  # auto is the rule's alone
+    for impl in ("auto", "python", "native"):  # ngram_trie's impls pick its trie
+        validate(cfg_of("+drafter=ngram_trie", f"drafter.impl={impl}"))
+    with pytest.raises(ConfigError, match=r"^drafter.impl=triton: valid impls: auto, python, native$"):
+        validate(cfg_of("+drafter=ngram_trie", "drafter.impl=triton"))
     with pytest.raises(ConfigError, match=r"^drafter.impl=cuda: valid impls"):
         NgramDrafter(1, 3, impl="cuda")
     with pytest.raises(ValueError, match=r"^impl=cuda: valid impls"):

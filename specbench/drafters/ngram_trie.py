@@ -80,11 +80,10 @@ from typing import Hashable, Optional, Sequence, Union
 import numpy as np
 import torch
 
-from specbench.config import ConfigError, NgramTrieConfig
+from specbench.config import TRIE_IMPLS, ConfigError, NgramTrieConfig
 from specbench.drafters.base import DraftProposal, DraftState, host_array
 
 log = logging.getLogger(__name__)
-TRIE_IMPLS = ("auto", "python", "native")  # drafter.impl
 
 
 class NgramTrie:
@@ -361,7 +360,7 @@ class NgramTrieDrafter:
         impl: str = "auto",
     ):
         if impl not in TRIE_IMPLS:
-            raise ConfigError("drafter.impl", impl, f"valid: {', '.join(TRIE_IMPLS)}")
+            raise ConfigError("drafter.impl", impl, f"valid impls: {', '.join(TRIE_IMPLS)}")
         if max_trie_depth < 2:
             raise ConfigError("drafter.max_trie_depth", max_trie_depth, "need >= 2 (a context and a continuation)")
         if min_match_window < 1:
