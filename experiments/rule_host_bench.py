@@ -11,15 +11,16 @@ for, dispatch and launch included:
     sync        torch.cuda.synchronize() alone (what every piece below includes once)
     copy        the tokens and counts to the host in one copy (torch.cat + tolist), as the runner
     noise       kernels.chain.draw_noise: the coins [B, k] and the noise [B, V]
-    launch      kernels.chain.launch on drawn noise: the chain kernel, and the split merge when a
-                request's vocabulary is split over several programs (small B)
+    launch      kernels.chain.launch on drawn noise: the chain kernel, one launch (a second, the
+                split merge, when a request's vocabulary was split over several programs, until
+                the merge moved into the kernel: 0.25 ms for the two on an H100 on 2026-12-07)
     rule        rules.verify_chain(onehot, impl=triton) then the copy: the runner's whole rule step
                 for a deterministic drafter (ngram, layerskip, draft_model greedy, eagle3)
     rule_torch  the same with impl=torch
     tree        rules.verify_trees(target_only, impl=triton): a 9-node tree a request (the root's 4
                 children, a chain of 4 under the first: kernel_bench's), tokens and paths back on the host
     tree_launch kernels.tree.launch on inputs made beforehand (links, coins, noise): the tree kernel
-                and its split merge alone. tree less this, noise and a copy is the host's packing
+                alone (with its split merge, as `launch`). tree less this, noise and a copy is the host's packing
                 of the trees and their results (0.92 ms against 0.31 at batch 48 and 1 on an H100,
                 results/2026-12-06-h100-native-trie; 0.45 against 0.59 on another H100 the next
                 day, the launch 0.09 to 0.11 throughout: results/2026-12-07-h100-b48)

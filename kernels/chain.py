@@ -27,10 +27,11 @@ vectorised: a few hundred bytes), so nothing is launched before the vocabulary p
 vocabulary pass reads the stopping position's p row, its q row (standard, on a refusal only)
 and the noise row once, in tiles of BLOCK columns, keeping per-lane packed keys of r * w and
 p * w. One program per request cannot keep an H200 busy at small B, so each request's row is
-split over S programs (grid [B, S]) that each write their best keys; a second tiny kernel, one
-program per request, reduces the S keys and writes the drawn token. With S = 1 the first kernel
-writes it itself. Greedy is one program per request (grid [B]): it reads p row by row from
-position 0 and stops at the first mismatch, so it reads only the rows up to where the round ends.
+split over S programs (grid [B, S]) that each write their best keys; the last of a request's S
+programs to finish reduces them and writes the drawn token (vocab.merge_splits), so a round is
+one launch. With S = 1 the program writes it itself. Greedy is one program per request (grid
+[B]): it reads p row by row from position 0 and stops at the first mismatch, so it reads only
+the rows up to where the round ends.
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ import triton
 import triton.language as tl
 
 from specbench.kernels.vocab import (
-    check_device, interpreted, choose, finish, inverse_exponential, launch_shape, partials, residual_keys, row_key, unpack,
+    check_device, interpreted, choose, inverse_exponential, launch_shape, merge_splits, partials, residual_keys, row_key,
+    unpack,
 )
 
 RULES = ("standard", "onehot", "target_only", "thresholded", "greedy")
@@ -127,7 +129,7 @@ def chain_torch(
 
 @triton.jit
 def _chain_kernel(
-    P, Q, X, U, W, tokens, num, part_m, part_r, part_p,
+    P, Q, X, U, W, tokens, num, part_m, part_r, part_p, counts,
     k, log_acc, threshold_single, V: tl.constexpr,
     STANDARD: tl.constexpr, KB: tl.constexpr, BLOCK: tl.constexpr, TILES: tl.constexpr, SPLITS: tl.constexpr,
 ):
@@ -163,13 +165,11 @@ def _chain_kernel(
     row = tl.where(j < a, x, -1)
     if SPLITS == 1:
         row = tl.where(j == a, choose(r_max, key_r, key_p), row)
-    else:
-        tl.store(part_m + b * SPLITS + s, r_max)
-        tl.store(part_r + b * SPLITS + s, key_r)
-        tl.store(part_p + b * SPLITS + s, key_p)
-    if s == 0:  # the drawn token at a comes from finish_kernel when the row is split
-        tl.store(tokens + b * (k + 1) + j, row, mask=j < k + 1)
+    if s == 0:  # split: the drawn token at a is merge_splits', written by whichever program is last
+        tl.store(tokens + b * (k + 1) + j, row, mask=(j < k + 1) & ((j != a) | (SPLITS == 1)))
         tl.store(num + b, a.to(tl.int64))
+    if SPLITS > 1:
+        merge_splits(part_m, part_r, part_p, counts, b, s, r_max, key_r, key_p, tokens + b * (k + 1) + a, SPLITS)
 
 
 @triton.jit
@@ -217,7 +217,7 @@ def launch(
         _chain_greedy_kernel[(B,)](target_probs, draft_tokens, tokens, num, k, V=V, KB=KB, BLOCK=block_v, num_warps=warps)
         return tokens, num
     block_v, S, tiles = launch_shape(B, V, device, block_v, splits)
-    parts = partials(B, S, device) if S > 1 else (tokens,) * 3  # unused at S = 1
+    parts = partials(B, S, device) if S > 1 else (tokens,) * 4  # unused at S = 1
     q = draft_probs.contiguous() if rule == "standard" else target_probs  # never read unless standard
     log_acc = float(np.float32(math.log(threshold_acc)))  # rounded to fp32 as the reference's tensor, no dispatch
     _chain_kernel[(B, S)](
@@ -225,8 +225,6 @@ def launch(
         k, log_acc, float(threshold_single), V=V,
         STANDARD=rule == "standard", KB=KB, BLOCK=block_v, TILES=tiles, SPLITS=S, num_warps=warps,
     )
-    if S > 1:
-        finish(parts, num, tokens)
     return tokens, num
 
 

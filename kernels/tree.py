@@ -45,7 +45,8 @@ import triton
 import triton.language as tl
 
 from specbench.kernels.vocab import (
-    check_device, interpreted, choose, finish, inverse_exponential, launch_shape, partials, residual_keys, row_key, unpack,
+    check_device, interpreted, choose, inverse_exponential, launch_shape, merge_splits, partials, residual_keys, row_key,
+    unpack,
 )
 
 RULES = ("target_only", "thresholded", "greedy")
@@ -174,7 +175,7 @@ def _take(vec, lanes, i):
 
 @triton.jit
 def _tree_kernel(
-    P, TOK, FC, NS, U, W, tokens, path, num, tried, part_m, part_r, part_p,
+    P, TOK, FC, NS, U, W, tokens, path, num, tried, part_m, part_r, part_p, counts,
     N, D, threshold_single, threshold_acc, V: tl.constexpr,
     GREEDY: tl.constexpr, NB: tl.constexpr, DB: tl.constexpr, ZB: tl.constexpr,
     BLOCK: tl.constexpr, TILES: tl.constexpr, SPLITS: tl.constexpr,
@@ -243,11 +244,9 @@ def _tree_kernel(
         if SPLITS == 1:
             out_tok = tl.where(d == depth, choose(r_max, key_r, key_p), out_tok)
         else:
-            tl.store(part_m + b * SPLITS + s, r_max)
-            tl.store(part_r + b * SPLITS + s, key_r)
-            tl.store(part_p + b * SPLITS + s, key_p)
-    if s == 0:  # the drawn token comes from finish_kernel when the row is split
-        tl.store(tokens + b * (D + 1) + d, out_tok, mask=d < D + 1)
+            merge_splits(part_m, part_r, part_p, counts, b, s, r_max, key_r, key_p, tokens + b * (D + 1) + depth, SPLITS)
+    if s == 0:  # split: the drawn token at depth is merge_splits', written by whichever program is last
+        tl.store(tokens + b * (D + 1) + d, out_tok, mask=(d < D + 1) & ((d != depth) | (SPLITS == 1)))
         tl.store(path + b * (D + 1) + d, out_path, mask=d < D + 1)
         tl.store(num + b, depth.to(tl.int64))
         tl.store(tried + b, (depth + refused.to(tl.int32)).to(tl.int64))
@@ -278,7 +277,7 @@ def launch(
         S, tiles = 1, 1
     else:
         block_v, S, tiles = launch_shape(B, V, device, block_v, splits)
-    parts = partials(B, S, device) if S > 1 else (tokens,) * 3
+    parts = partials(B, S, device) if S > 1 else (tokens,) * 4  # unused at S = 1
     noise = noise if noise is not None else target_probs  # greedy reads no noise
     _tree_kernel[(B, S)](
         target_probs.contiguous(), node_tokens.contiguous(), first_child.contiguous(), next_sibling.contiguous(),
@@ -287,8 +286,6 @@ def launch(
         GREEDY=rule == "greedy", NB=triton.next_power_of_2(N), DB=triton.next_power_of_2(D + 1),
         ZB=triton.next_power_of_2(Z), BLOCK=block_v, TILES=tiles, SPLITS=S, num_warps=num_warps or (8 if device.type == "cuda" else 4),
     )
-    if S > 1:
-        finish(parts, num, tokens)
     return TreeVerify(tokens=tokens, path=path, num_accepted=num, tried=tried)
 
 

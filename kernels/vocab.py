@@ -137,36 +137,43 @@ def choose(r_max, key_r, key_p):
 
 
 @triton.jit
-def finish_kernel(part_m, part_r, part_p, num, out, stride, S, SB: tl.constexpr):
-    """One program per request: reduce the S split programs' keys and write the drawn token at
-    out[b, num[b]] (the position where the round ended)."""
-    b = tl.program_id(0).to(tl.int64)
-    s = tl.arange(0, SB)
-    m = s < S
-    r_max = tl.max(tl.load(part_m + b * S + s, mask=m, other=0.0), axis=0)
-    key_r = tl.max(tl.load(part_r + b * S + s, mask=m, other=-1), axis=0)
-    key_p = tl.max(tl.load(part_p + b * S + s, mask=m, other=-1), axis=0)
-    at = tl.load(num + b)
-    tl.store(out + b * stride + at, choose(r_max, key_r, key_p))
+def merge_splits(part_m, part_r, part_p, counts, b, s, r_max, key_r, key_p, out, SPLITS: tl.constexpr):
+    """The S = SPLITS programs of request b merge their keys inside the kernel: each stores its
+    (max r, key of r, key of p) in slot (b, s) and counts itself done on counts[b]; the last to
+    count, whichever it is, reduces the S slots, writes the drawn token at `out` and sets the
+    count back to zero for the next launch. (A second kernel did the merge before, and a
+    sampled round's rule is host-bound: the two launches took 0.09 to 0.26 ms of host time on
+    H100 hosts, rule_host_bench, for a few µs of GPU work.) As the attention kernel's merge: the
+    barrier puts every thread's stores before the count's release; the last program's loads
+    bypass L1 (other programs wrote them)."""
+    tl.store(part_m + b * SPLITS + s, r_max)
+    tl.store(part_r + b * SPLITS + s, key_r)
+    tl.store(part_p + b * SPLITS + s, key_p)
+    tl.debug_barrier()
+    if tl.atomic_add(counts + b, 1, sem="acq_rel") == SPLITS - 1:
+        tl.atomic_xchg(counts + b, 0)
+        m = tl.zeros([], tl.float32)  # r >= 0
+        kr = tl.full([], -1, tl.int64)
+        kp = tl.full([], -1, tl.int64)
+        for i in tl.static_range(SPLITS):
+            m = tl.maximum(m, tl.load(part_m + b * SPLITS + i, cache_modifier=".cg"))
+            kr = tl.maximum(kr, tl.load(part_r + b * SPLITS + i, cache_modifier=".cg"))
+            kp = tl.maximum(kp, tl.load(part_p + b * SPLITS + i, cache_modifier=".cg"))
+        tl.store(out, choose(m, kr, kp))
 
 
-def finish(parts: tuple, num: torch.Tensor, out: torch.Tensor) -> None:
-    """parts: ([B, S] fp32 max r, [B, S] int64 keys of r, of p); num: [B]; out: [B, W] int64."""
-    part_m, part_r, part_p = parts
-    B, S = part_m.shape
-    finish_kernel[(B,)](part_m, part_r, part_p, num, out, out.shape[1], S, SB=triton.next_power_of_2(S))
-
-
-_PARTIALS: dict = {}  # (B, S, device) -> the split programs' keys, reused launch after launch
+_PARTIALS: dict = {}  # (B, S, device) -> the split programs' keys and counts, reused launch after launch
 
 
 def partials(B: int, S: int, device) -> tuple:
-    """([B, S] fp32 max r, [B, S] int64 keys of r, of p) for a launch split S ways: the same
-    three buffers for every launch of that shape (three allocations fewer a sampled round; the
-    split programs write them and `finish` reads them before any later launch on the stream can)."""
+    """([B, S] fp32 max r, [B, S] int64 keys of r, of p, [B] int32 counts, zero) for a launch
+    split S ways (`merge_splits`): the same four buffers for every launch of that shape (no
+    allocation a sampled round). Launches on one stream never overlap, and each leaves the
+    counts zero."""
     key = (B, S, torch.device(device))
     if key not in _PARTIALS:
         _PARTIALS[key] = (torch.empty((B, S), dtype=torch.float32, device=device),
                           torch.empty((B, S), dtype=torch.int64, device=device),
-                          torch.empty((B, S), dtype=torch.int64, device=device))
+                          torch.empty((B, S), dtype=torch.int64, device=device),
+                          torch.zeros(B, dtype=torch.int32, device=device))
     return _PARTIALS[key]

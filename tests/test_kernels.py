@@ -87,6 +87,16 @@ def both_chains(rule, p, drafts, q, uniforms, noise, **launch):
     return ref, out
 
 
+def counts_left_zero(B: int, V: int, block_v=None, splits=None) -> bool:
+    """A split launch's merge counts are zero after it (the last program to count resets its
+    request's), as the next launch of that shape needs them: a count left over would make no
+    program of that request the last, and its drawn token would never be written."""
+    from specbench.kernels.vocab import launch_shape, partials
+
+    S = launch_shape(B, V, torch.device(DEVICE), block_v, splits)[1]
+    return S == 1 or not partials(B, S, DEVICE)[3].any()
+
+
 # --- chain: the kernel is its reference --------------------------------------------------------
 
 
@@ -102,6 +112,7 @@ def test_chain_kernel_equals_reference(rule, shape):
         for launch in ([dict(block_v=32, splits=1), dict(block_v=32, splits=3)] if small else [{}, dict(splits=1)]):
             (ref_tokens, ref_num), (tokens, num) = both_chains(rule, *inputs, **launch)
             assert torch.equal(num, ref_num) and torch.equal(tokens, ref_tokens), (rule, shape, seed, launch)
+            assert counts_left_zero(B, V, **launch)
 
 
 @needs_triton
@@ -230,6 +241,7 @@ def test_tree_kernel_equals_reference(rule, case):
             out = ktree.launch(rule, *inputs, **kw, **launch)
             for field in ("tokens", "path", "num_accepted", "tried"):
                 assert torch.equal(getattr(out, field), getattr(ref, field)), (rule, case, seed, launch, field)
+            assert counts_left_zero(B, V, **launch)
 
 
 @needs_triton
@@ -551,7 +563,7 @@ from specbench.kernels import chain, ngram, tree, vocab
 def build(fn, consts, ints=(), floats=()):
     sig = {a: "constexpr" if a in consts else "i32" if a in ints else "fp32" if a in floats else
            "*i64" if a in ("X", "TOK", "FC", "NS", "tokens", "path", "num", "tried", "part_r", "part_p",
-                          "TOKENS", "LENGTHS", "drafts", "out") else "*fp32" for a in fn.arg_names}
+                          "TOKENS", "LENGTHS", "drafts", "out") else "*i32" if a == "counts" else "*fp32" for a in fn.arg_names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names) if sig[a].startswith("*")}
     triton.compile(ASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", 90, 32), options={"num_warps": 8})
 
@@ -562,7 +574,6 @@ build(chain._chain_greedy_kernel, dict(V=128256, KB=16, BLOCK=4096), ints=("k",)
 for greedy in (True, False):
     build(tree._tree_kernel, dict(V=128256, GREEDY=greedy, NB=16, DB=8, ZB=4, BLOCK=2048, TILES=32, SPLITS=2),
           ints=("N", "D"), floats=("threshold_single", "threshold_acc"))
-build(vocab.finish_kernel, dict(SB=4), ints=("stride", "S"))
 build(ngram._ngram_kernel, dict(MAX_N=5, KB=8, BLOCK=1024), ints=("T", "min_n", "k"))
 print("compiled")
 """
