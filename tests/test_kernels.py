@@ -558,7 +558,7 @@ COMPILE_FOR_H200 = """
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from specbench.kernels import chain, ngram, tree, vocab
+from specbench.kernels import chain, ngram, tree
 
 def build(fn, consts, ints=(), floats=()):
     sig = {a: "constexpr" if a in consts else "i32" if a in ints else "fp32" if a in floats else
