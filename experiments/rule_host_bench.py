@@ -13,7 +13,8 @@ for, dispatch and launch included:
     noise       kernels.chain.draw_noise: the coins [B, k] and the noise [B, V]
     launch      kernels.chain.launch on drawn noise: the chain kernel, one launch (a second, the
                 split merge, when a request's vocabulary was split over several programs, until
-                the merge moved into the kernel: 0.25 ms for the two on an H100 on 2026-12-07)
+                the merge moved into the kernel: 0.15 to 0.17 ms for the two against 0.12 to
+                0.15 for one, on one H100 host, results/2026-12-07-h100-merged-split)
     rule        rules.verify_chain(onehot, impl=triton) then the copy: the runner's whole rule step
                 for a deterministic drafter (ngram, layerskip, draft_model greedy, eagle3)
     rule_torch  the same with impl=torch

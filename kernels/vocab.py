@@ -142,10 +142,10 @@ def merge_splits(part_m, part_r, part_p, counts, b, s, r_max, key_r, key_p, out,
     (max r, key of r, key of p) in slot (b, s) and counts itself done on counts[b]; the last to
     count, whichever it is, reduces the S slots, writes the drawn token at `out` and sets the
     count back to zero for the next launch. (A second kernel did the merge before, and a
-    sampled round's rule is host-bound: the two launches took 0.09 to 0.26 ms of host time on
-    H100 hosts, rule_host_bench, for a few µs of GPU work.) As the attention kernel's merge: the
-    barrier puts every thread's stores before the count's release; the last program's loads
-    bypass L1 (other programs wrote them)."""
+    sampled round's rule is host-bound: the chain kernel's launch took 0.12 to 0.15 ms against
+    0.15 to 0.17 with the second launch, on one H100 host, results/2026-12-07-h100-merged-split.)
+    As the attention kernel's merge: the barrier puts every thread's stores before the count's
+    release; the last program's loads bypass L1 (other programs wrote them)."""
     tl.store(part_m + b * SPLITS + s, r_max)
     tl.store(part_r + b * SPLITS + s, key_r)
     tl.store(part_p + b * SPLITS + s, key_p)
