@@ -17,14 +17,23 @@ import torch
 
 
 class TreeHost(NamedTuple):
-    depth: np.ndarray  # [N] int64 (links[2])
+    links: np.ndarray  # [3, N] int64: next_token, next_sibling, depth, the tree kernel's per-node inputs
     mask: np.ndarray  # [N, N] bool
     child_table: np.ndarray  # [N, Z] int64
     levels: int  # depth.max()
     children: tuple  # N tuples: each node's children in try order (the host walk's, specbench.rules)
-    next_token: np.ndarray  # [N] int64 (links[0])
-    next_sibling: np.ndarray  # [N] int64 (links[1])
-    links: np.ndarray  # [3, N] int64: next_token, next_sibling, depth, the tree kernel's per-node inputs
+
+    @property
+    def next_token(self) -> np.ndarray:  # [N] int64, a view of links
+        return self.links[0]
+
+    @property
+    def next_sibling(self) -> np.ndarray:  # [N] int64, a view of links
+        return self.links[1]
+
+    @property
+    def depth(self) -> np.ndarray:  # [N] int64, a view of links
+        return self.links[2]
 
 
 @dataclass(frozen=True)
@@ -40,10 +49,10 @@ class TreeBuffers:
                   identity for one request, b * N + i when B requests are flattened
     child_table:  [N, Z] each node's children in try order, -1 after them (Z the most children
                   of one node): the batched walk's lookup
-    host:         depth, mask, child_table, next_token and next_sibling as numpy (the same
-                  memory; links stacks next_token, next_sibling and depth), the deepest level and
-                  each node's children: what a batch of trees is assembled and walked from, with
-                  no torch dispatch per tree
+    host:         links (next_token, next_sibling and depth stacked; its rows are host.next_token,
+                  .next_sibling, .depth), mask and child_table as numpy, the same memory as the
+                  tensors above, the deepest level and each node's children: what a batch of trees
+                  is assembled and walked from, with no torch dispatch per tree
     """
 
     parents: torch.Tensor
@@ -90,8 +99,8 @@ def compile_tree(parents: torch.Tensor, offset: int = 0) -> TreeBuffers:
     table = [c + [-1] * (Z - len(c)) for c in children]
     as_array = lambda x: np.array(x, dtype=np.int64)  # noqa: E731
     links = as_array([next_token, next_sibling, depth])  # [3, N]: a batch packs it in one copy a tree
-    host = TreeHost(links[2], np.array(mask, dtype=bool), as_array(table).reshape(N, Z), max(depth),
-                    tuple(map(tuple, children)), links[0], links[1], links)
+    host = TreeHost(links, np.array(mask, dtype=bool), as_array(table).reshape(N, Z), max(depth),
+                    tuple(map(tuple, children)))
     return TreeBuffers(parents, torch.from_numpy(host.depth), torch.from_numpy(host.mask),
                        torch.from_numpy(host.next_token), torch.from_numpy(host.next_sibling),
                        torch.arange(offset, offset + N, dtype=torch.int64), torch.from_numpy(host.child_table), host)
