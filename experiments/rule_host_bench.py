@@ -27,6 +27,14 @@ for, dispatch and launch included:
                 day, the launch 0.09 to 0.11 throughout: results/2026-12-07-h100-b48)
     tree_torch  the same with impl=torch (numpy walks: what ngram_trie's sampled rounds ran before
                 they were walked as target_only)
+    token       specbench.sampled.Sampler.tokens: the baseline's sampled step from the target's
+                logits (bf16 [B, 1, V], T = 0.7): p, the draw, the tokens on the host; eagerly
+    token_graph the same replayed from a CUDA graph (what the runner runs on CUDA)
+    sampled     Sampler.chain (onehot, triton) from the logits [B, k + 1, V]: p, coins, noise, the
+                kernel, the copy back, eagerly: the runner's sampled chain step
+    sampled_graph  the same replayed from a CUDA graph
+    sampled_tree, sampled_tree_graph  Sampler.trees (target_only) on `tree`'s trees, padded to
+                N nodes, eagerly and from a graph
 
 Per piece: the median wall time a call over `reps` calls, with its quartiles, the pieces taking
 turns (a call of each a rep), and the aten operations one call dispatches
@@ -59,9 +67,13 @@ from specbench.graphs import HostOps  # noqa: E402
 from specbench.kernels import chain  # noqa: E402
 from specbench.kernels import tree as ktree  # noqa: E402
 from specbench.rules import verify_chain, verify_trees  # noqa: E402
+from specbench.sampled import Sampler  # noqa: E402
+from specbench.sampling import SamplingParams  # noqa: E402
 from specbench.tree import compile_tree  # noqa: E402
 
-PIECES = ("sync", "copy", "noise", "launch", "rule", "rule_torch", "tree", "tree_launch", "tree_torch")
+PARAMS = SamplingParams(temperature=0.7)  # the runner's T = 0.7 rows
+PIECES = ("sync", "copy", "noise", "launch", "rule", "rule_torch", "tree", "tree_launch", "tree_torch",
+          "token", "token_graph", "sampled", "sampled_graph", "sampled_tree", "sampled_tree_graph")
 
 
 def per_call_ms(calls: dict, sync, reps: int) -> dict:
@@ -113,6 +125,22 @@ def pieces(B: int, k: int, V: int, device: torch.device) -> dict:
     def trees(impl):
         return verify_trees("target_only", p_tree, node_tokens, [tree] * B, generator=g, impl=impl)
 
+    # specbench.sampled, the runner's sampled step from the target's logits (bf16, as the engine's),
+    # eager and replayed from a CUDA graph (eager off CUDA)
+    logits = torch.randn(B, k + 1, V, generator=g, device=device).to(torch.bfloat16)  # [B, k+1, V]
+    tree_logits = torch.randn(B, p_tree.shape[1], V, generator=g, device=device).to(torch.bfloat16)  # [B, N, V]
+    host_tokens = node_tokens.cpu().numpy()  # [B, N]: the runner's verify inputs are on the host
+    samplers = {graphs: Sampler(PARAMS, torch.Generator(device).manual_seed(B), graphs=graphs and device.type == "cuda")
+                for graphs in (False, True)}
+
+    def sampled(graphs: bool, kind: str):
+        sampler = samplers[graphs]
+        if kind == "token":
+            return sampler.tokens(logits[:, :1])
+        if kind == "chain":
+            return sampler.chain("onehot", "triton", logits, drafts)
+        return sampler.trees("target_only", tree_logits, host_tokens, [tree.host] * B)
+
     return {
         "sync": lambda: None,
         "copy": lambda: copy(tokens, num),
@@ -123,6 +151,12 @@ def pieces(B: int, k: int, V: int, device: torch.device) -> dict:
         "tree": lambda: trees("triton"),
         "tree_launch": lambda: ktree.launch("target_only", p_tree, node_tokens, first_child, next_sibling, coins, tree_noise),
         "tree_torch": lambda: trees("torch"),
+        "token": lambda: sampled(False, "token"),
+        "token_graph": lambda: sampled(True, "token"),
+        "sampled": lambda: sampled(False, "chain"),
+        "sampled_graph": lambda: sampled(True, "chain"),
+        "sampled_tree": lambda: sampled(False, "tree"),
+        "sampled_tree_graph": lambda: sampled(True, "tree"),
     }
 
 

@@ -228,24 +228,6 @@ def launch(
     return tokens, num
 
 
-def warm(rows: int, k: int, V: int, device: torch.device, standard: bool = False) -> int:
-    """Launch the kernel once for every launch shape that 1 .. rows requests get (launch_shape
-    follows the batch), without q and, with `standard`, with q too, on dummy inputs: every
-    variant a draining batch meets is compiled before a timed decode. Returns the launches made."""
-    shapes = {}  # launch shape -> the fewest rows that give it
-    for B in range(rows, 0, -1):
-        shapes[launch_shape(B, V, device, None, None)] = B
-    rules = ("onehot", "standard") if standard else ("onehot",)
-    generator = torch.Generator(device).manual_seed(0)
-    for B in shapes.values():
-        p = torch.full((B, k + 1, V), 1.0 / V, device=device)  # [B, k+1, V]
-        drafts = torch.zeros((B, k), dtype=torch.long, device=device)  # [B, k]
-        uniforms, noise = draw_noise(B, k, V, generator, device)
-        for rule in rules:
-            chain_triton(rule, p, drafts, p[:, :k] if rule == "standard" else None, uniforms, noise)
-    return len(shapes) * len(rules)
-
-
 def chain_triton(
     rule: str,
     target_probs: torch.Tensor,

@@ -55,9 +55,14 @@ def supported(device: torch.device) -> bool:
     return device.type == "cuda"
 
 
-def capture(run: Callable[[], object], warmups: int = 2) -> tuple[object, object]:
+def capture(run: Callable[[], object], warmups: int = 2, generators: tuple = ()) -> tuple[object, object]:
     """Run `run` `warmups` times on a side stream, then capture one call -> (graph, its outputs).
     The outputs are the graph's: every replay writes them again, in place.
+
+    generators: the CUDA torch.Generators that `run` draws from, registered with the graph (the
+    default one always is): a replay then draws from each at its offset of the moment and moves
+    it on by what the capture drew, the numbers an eager call would draw (re-seeding it between
+    replays is fine; a new generator object needs a graph of its own).
 
     The garbage collector is run first and kept off during the capture: a graph it frees inside
     another's capture (a dropped EagleChain's: its Graphed holds bound methods, a reference cycle)
@@ -75,6 +80,8 @@ def capture(run: Callable[[], object], warmups: int = 2) -> tuple[object, object
     gc.disable()
     try:
         graph = torch.cuda.CUDAGraph()
+        for generator in generators:
+            graph.register_generator_state(generator)
         with torch.cuda.graph(graph):
             out = run()
     finally:
@@ -90,10 +97,11 @@ class Graphed:
     tensors; the first call of a key clones them as the graph's static inputs, later calls copy
     theirs into those. The outputs returned are the graph's static outputs: the next call of the
     same key and shapes overwrites them, so consume or copy them first. Disabled, it calls fn
-    directly: the eager and the graphed path run one function."""
+    directly: the eager and the graphed path run one function. generators: those fn draws
+    from (`capture`)."""
 
-    def __init__(self, fn: Callable[..., tuple], enabled: bool):
-        self.fn, self.enabled = fn, enabled
+    def __init__(self, fn: Callable[..., tuple], enabled: bool, generators: tuple = ()):
+        self.fn, self.enabled, self.generators = fn, enabled, generators
         self._graphs: dict = {}  # (key, shapes, dtypes) -> (graph, static inputs, static outputs)
 
     def __call__(self, key: Hashable, *inputs: torch.Tensor) -> tuple:
@@ -103,7 +111,7 @@ class Graphed:
         entry = self._graphs.get(slot)
         if entry is None:
             static = tuple(x.clone() for x in inputs)
-            graph, out = capture(lambda: self.fn(key, *static))
+            graph, out = capture(lambda: self.fn(key, *static), generators=self.generators)
             entry = self._graphs[slot] = (graph, static, out)
         else:
             for s, x in zip(entry[1], inputs):

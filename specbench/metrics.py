@@ -54,8 +54,9 @@ class SpecStats:
 @dataclass
 class RoundClock:
     """Wall time per batched round, split in three: drafting (the proposal and the verify inputs
-    built from it, a tree's mask included), the target's forward (sampling transform included),
-    and the rest (acceptance rule, KV bookkeeping and cache moves, history updates).
+    built from it, a tree's mask included), the target's forward (at temperature 0 with its
+    argmaxes on the host), and the rest (the sampling transform, the rule's draws and the rule,
+    KV bookkeeping and cache moves, history updates).
 
     Each round also counts its live requests. While a batch drains (its last requests finishing
     with no prompt left to admit) rounds have fewer live requests, and drafting and bookkeeping

@@ -490,16 +490,6 @@ def tree_rule_for_round(rule: str, impl: str, drafts: np.ndarray, parents: np.nd
     return rule, "torch"  # the tree kernel walks no recursive rule
 
 
-def warm_chain_kernel(rule: str, rows: int, k: int, V: int, device: torch.device) -> int:
-    """Compile the chain kernel for sampled rounds of 1 .. rows live requests (kernels.chain.warm),
-    so that none compiles inside a timed decode when a batch drains. A deterministic drafter's
-    standard rounds run as onehot (runner._verify_chain), so standard warms both. Returns the
-    launches made."""
-    from specbench.kernels import load
-
-    return load("chain", device, "rule.impl").warm(rows, k, V, device, standard=rule == "standard")
-
-
 def _verify_chain_kernel(rule, target_probs, draft_tokens, draft_probs, generator, threshold_single, threshold_acc) -> VerifyResult:
     """One kernel per round; the coins [B, k] and the noise [B, V] come from `generator`."""
     from specbench.kernels import load
@@ -519,6 +509,41 @@ def _verify_chain_kernel(rule, target_probs, draft_tokens, draft_probs, generato
 def _verify_trees_kernel(rule, target_probs, node_tokens, trees, generator, threshold_single, threshold_acc) -> list[TreeResult]:
     """All A requests' trees in one launch: packed [A, N] (N the most nodes, -1 padding), coins
     [A, D] (D the deepest tree) and noise [A, V] drawn once for the batch."""
+    hosts = [t.host for t in trees]
+    N = max(h.links.shape[1] for h in hosts)
+    D = max(h.levels for h in hosts)
+    Z = max(h.child_table.shape[1] for h in hosts)  # the most children of one node, over the batch
+    walks = pack_trees(hosts, node_tokens[:, :N].cpu().numpy(), N)
+    rows = tree_kernel_step(rule, target_probs[:, :N], torch.from_numpy(walks).to(target_probs.device), D, Z,
+                            generator, threshold_single, threshold_acc)
+    return tree_kernel_results(rows.tolist(), D)
+
+
+def pack_trees(hosts: list, node_tokens: np.ndarray, N: int) -> np.ndarray:
+    """hosts: A specbench.tree.TreeHost (None: no tree, a row whose root only draws a token),
+    node_tokens: [A, >= N] -> [3, A, N] int64, the tree kernel's inputs: each node's first
+    child, next sibling and token, -1 on padding nodes. In numpy (no torch dispatch per tree),
+    for one copy to the device. One tree for every request (a fixed tree shape) is broadcast;
+    the host's work per tree is what grows with A."""
+    A = len(hosts)
+    walks = np.full((3, A, N), -1, dtype=np.int64)  # first child, next sibling, depth (then the tokens)
+    if A and hosts[0] is not None and all(h is hosts[0] for h in hosts):
+        walks[:, :, : hosts[0].links.shape[1]] = hosts[0].links[:, None, :]
+    else:
+        for a, h in enumerate(hosts):
+            if h is not None:
+                walks[:, a, : h.links.shape[1]] = h.links
+    walks[2] = np.where(walks[2] >= 0, node_tokens[:, :N], -1)  # a node has a depth: its token
+    return walks
+
+
+def tree_kernel_step(rule, target_probs, walks, D: int, Z: int, generator, threshold_single=1.0,
+                     threshold_acc=1.0) -> torch.Tensor:
+    """The device side of _verify_trees_kernel: target_probs [A, N, V], walks [3, A, N]
+    (pack_trees': first child, next sibling, token; on the device), D >= the deepest tree,
+    Z >= the most children of a node -> [A, 2 (D + 1) + 2] int64: path, tokens, num_accepted,
+    tried (tree_kernel_results reads it).
+    No host synchronisation: capturable in a CUDA graph (specbench.sampled)."""
     from specbench.kernels import load
 
     kernel = load("tree", target_probs.device, "rule.impl")
@@ -528,30 +553,18 @@ def _verify_trees_kernel(rule, target_probs, node_tokens, trees, generator, thre
         raise ValueError(f"rule={rule} takes no thresholds; use rule thresholded")
     A, _, V = target_probs.shape
     device = target_probs.device
-    hosts = [t.host for t in trees]
-    N = max(h.links.shape[1] for h in hosts)
-    D = max(h.levels for h in hosts)
-    Z = max(h.child_table.shape[1] for h in hosts)  # the most children of one node, over the batch
-    # Padded in numpy (no torch dispatch per tree), one copy to the device: [3, A, N] each
-    # node's first child, next sibling and depth, -1 on padding nodes. One tree for every
-    # request (a fixed tree shape) is broadcast; the host's work per tree is what grows with A.
-    if all(h is hosts[0] for h in hosts):
-        packed = np.repeat(hosts[0].links[:, None, :], A, axis=1)
-    else:
-        packed = np.full((3, A, N), -1, dtype=np.int64)
-        for a, h in enumerate(hosts):
-            packed[:, a, : h.links.shape[1]] = h.links
-    links = torch.from_numpy(packed).to(device)
-    tokens = torch.where(links[2] >= 0, node_tokens[:, :N].to(device), -1)  # padding nodes: -1
     if rule == "greedy":
         uniforms, noise = torch.zeros((A, D), device=device), None
     else:
         uniforms, noise = kernel.draw_noise(A, D, V, generator, device)
     out = kernel.tree_triton(
-        rule, target_probs[:, :N].float(), tokens, links[0], links[1], uniforms, noise,
+        rule, target_probs.float(), walks[2], walks[0], walks[1], uniforms, noise,
         threshold_single=threshold_single, threshold_acc=threshold_acc, max_children=Z,
     )
-    # one copy to the host: [A, 2 (D + 1) + 2] path, tokens, num_accepted, tried
-    rows = torch.cat([out.path, out.tokens, out.num_accepted[:, None], out.tried[:, None]], 1).tolist()
+    return torch.cat([out.path, out.tokens, out.num_accepted[:, None], out.tried[:, None]], 1)
+
+
+def tree_kernel_results(rows: list, D: int) -> list[TreeResult]:
+    """tree_kernel_step's rows, on the host (A lists) -> each request's TreeResult."""
     return [TreeResult(path=row[: a + 1], tokens=row[D + 1 : D + 2 + a], tried=row[-1])
             for row in rows for a in (row[-2],)]

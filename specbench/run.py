@@ -30,8 +30,9 @@ from specbench.e2e import end_to_end
 from specbench.metrics import RoundClock, SpecStats, summarize, tpot_ms
 from specbench.models import check_path, checkpoint_dir, load_target
 from specbench.results import COLUMNS, atomic_write, config_hash, finished_rows, new_run_id, read_json, write_run
-from specbench.rules import resolve_impl, warm_chain_kernel
+from specbench.rules import resolve_impl
 from specbench.runner import Speculation, decode_requests
+from specbench.sampled import Sampler
 from specbench.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -108,14 +109,20 @@ def eos_ids(tokenizer, model) -> frozenset:
     return frozenset(i for i in flat if i is not None)
 
 
-def decode_all(engine, inputs, prompts, *, cfg, params, eos, spec, desc) -> tuple[list, SpecStats, RoundClock]:
-    """Every prompt through the engine, engine.rows at a time, one generator seeded by cfg.seed."""
+def make_sampler(engine, params: SamplingParams) -> Sampler:
+    """An engine's sampled draws (specbench.sampled): one generator for all its decodes, seeded
+    afresh in each, and CUDA graphs where the engine replays its own forwards."""
+    return Sampler(params, torch.Generator(engine.device), graphs=getattr(engine, "cuda_graphs", False))
+
+
+def decode_all(engine, inputs, prompts, *, cfg, params, eos, sampler, spec, desc) -> tuple[list, SpecStats, RoundClock]:
+    """Every prompt through the engine, engine.rows at a time, the sampler's generator seeded by cfg.seed."""
     stats, clock = SpecStats(spec.k if spec else 0), RoundClock()
     log.info("%s: %d requests, %d at a time", desc, len(inputs), engine.rows)
-    g = torch.Generator(engine.device).manual_seed(cfg.seed)
     records = decode_requests(
-        engine, inputs, params=params, max_new_tokens=cfg.max_new_tokens, eos_ids=eos, generator=g,
-        spec=spec, stats=stats, clock=clock, prompt_ids=[p.id for p in prompts],
+        engine, inputs, params=params, max_new_tokens=cfg.max_new_tokens, eos_ids=eos,
+        generator=sampler.generator.manual_seed(cfg.seed), sampler=sampler, spec=spec, stats=stats, clock=clock,
+        prompt_ids=[p.id for p in prompts],
     )
     return records, stats, clock
 
@@ -133,9 +140,6 @@ def warm_up(engine, inputs, prompts, kw: dict, spec) -> None:
         warm = OmegaConf.merge(cfg, {"max_new_tokens": min(WARMUP_TOKENS, cfg.max_new_tokens)})
         decode_all(engine, inputs[: engine.rows], prompts[: engine.rows], **{**kw, "cfg": warm}, spec=spec,
                    desc="warm-up")
-    if spec is not None and spec.impl == "triton" and not kw["params"].greedy and not proposes_trees(kw["cfg"]):
-        # the chain kernel's launch shape follows the live rows: compile it for every batch a decode drains through
-        warm_chain_kernel(spec.rule, engine.rows, spec.k, engine.vocab_size, engine.device)
 
 
 @contextlib.contextmanager
@@ -317,6 +321,7 @@ def run(cfg: DictConfig, row: dict) -> tuple[list, list]:
         # The baseline runs on an engine of its own: one token a step, no target features kept
         # for a drafter, so that its timings are the target's alone, whichever run caches it.
         engine = build_engine(cfg, model, inputs, (), speculative=False)
+        kw["sampler"] = make_sampler(engine, params)
         warm_up(engine, inputs, prompts, kw, None)
         _reset_peak_memory(engine.device)
         timed = timed_decodes(engine, inputs, prompts, kw, lambda: None, "baseline")
@@ -330,10 +335,11 @@ def run(cfg: DictConfig, row: dict) -> tuple[list, list]:
         if spec is None:  # the baseline run is this computation: report it, do not decode twice
             records = timed.records
         else:
-            del engine
+            del engine, kw["sampler"]  # the sampler: its graphs
             _release_memory()  # the baseline's engine must not count in the speculative run's peak
     if records is None:
         engine = build_engine(cfg, model, inputs, tuple(getattr(drafter, "feature_layers", ())))
+        kw["sampler"] = make_sampler(engine, params)
         warm_up(engine, inputs, prompts, kw, spec)
         _reset_peak_memory(engine.device)
         timed = timed_decodes(engine, inputs, prompts, kw, lambda: afresh(spec), row["run_id"])

@@ -9,8 +9,10 @@ prefix; with rule.impl=triton one kernel launch for the batch, chains or trees; 
 onehot or standard walked as target_only, the same law: rules.TARGET_ONLY_LAW), and keeps
 each accepted path in the engine's KV cache. At temperature 0 every rule is the argmax: the
 target's argmaxes come to the host in one copy and each request's round is walked there
-(specbench.rules' greedy_*_host, equal to the batched rules under "greedy"), whatever rule.impl. Baseline and
-speculation share this loop, its clocks and its token counting (k = 0 is the baseline).
+(specbench.rules' greedy_*_host, equal to the batched rules under "greedy"), whatever rule.impl.
+Above it, p, the rule's draws and the rule run for every engine row in one call of a
+specbench.sampled.Sampler, on CUDA one graph replay where the rule is a Triton kernel. Baseline
+and speculation share this loop, its clocks and its token counting (k = 0 is the baseline).
 
 Letters: B engine rows, A live requests, q inputs per row, k draft depth, M draft nodes, V vocabulary.
 """
@@ -29,9 +31,8 @@ import torch
 
 from specbench.drafters.base import DraftState, Drafter
 from specbench.metrics import RequestRecord, RoundClock, SpecStats
-from specbench.rules import (
-    NEEDS_DRAFT_PROBS, greedy_chain_host, greedy_tree_host, tree_rule_for_round, verify_chain, verify_trees,
-)
+from specbench.rules import NEEDS_DRAFT_PROBS, greedy_chain_host, greedy_tree_host, tree_rule_for_round, verify_trees
+from specbench.sampled import Sampler
 from specbench.sampling import SamplingParams, probs_from_logits, sample
 from specbench.tree import TreeBuffers, compile_tree, with_root
 
@@ -171,12 +172,18 @@ def decode_requests(
     stats: Optional[SpecStats] = None,
     clock: Optional[RoundClock] = None,
     prompt_ids: Optional[list] = None,
+    sampler: Optional[Sampler] = None,
 ) -> list[RequestRecord]:
     """prompts: list of [T_i] int64 -> each request's generated tokens and timings, in order.
 
     Requests run engine.rows at a time. One generator draws for the whole batch, so sampled
-    outputs depend on the seed and the batch size; greedy outputs on neither."""
+    outputs depend on the seed and the batch size; greedy outputs on neither. sampler: the
+    rounds' sampled draws (specbench.sampled; a run keeps one an engine, for its graphs), drawing
+    from `generator`; by default an eager one."""
     device = engine.device
+    sampler = sampler if sampler is not None else Sampler(params, generator)
+    if sampler.generator is not generator:
+        raise ValueError("decode_requests: sampler draws from another generator than `generator`")
     k = spec.k if spec else 0
     q_max = 1 + max(k, (spec.num_draft_tokens or 0) if spec else 0, k * (spec.topk if spec else 1))
     batch = _Batch(engine, prompts, params, generator, room_extra=max_new_tokens + q_max + 1)
@@ -256,34 +263,36 @@ def decode_requests(
         t_forward = time.perf_counter()
         out = engine.forward(tokens, *tree_inputs)
         logits, step_features = out if engine.feature_layers else (out, None)
-        best = probs = None
+        best = None
         if params.greedy:  # every rule is the argmax: one copy of them, the rounds on the host
             best_rows = logits.argmax(-1).tolist()  # [B, q]
             best = [best_rows[row] for row in rows]  # [A, q]
-        else:
-            if len(rows) < engine.rows:  # idle rows: the live ones' logits (a copy of the index to the device)
-                logits = logits[torch.tensor(rows, device=logits.device)]
-            probs = probs_from_logits(logits, params)  # [A, q, V]
         _synchronize(device)
         t_rule = time.perf_counter()
 
+        # Sampled: p, the draws and the rule for every engine row in one call (sampler; idle rows' dropped)
         if spec is None:
-            last = [b[0] for b in best] if best is not None else sample(probs[:, 0], generator).tolist()
+            last = [b[0] for b in best] if best is not None else _rows(sampler.tokens(logits), rows)
             rounds = [Round([t], 0, 0, 0, [0]) for t in last]
         elif hasattr(spec.drafter, "forced_acceptance"):
+            probs = None if best is not None else probs_from_logits(_live(logits, rows), params)  # [A, q, V]
             rounds = _forced(spec.drafter, probs, best, inputs[rows], num, generator)
         elif best is not None:
             rounds = _greedy_rounds(best, inputs[rows].tolist(), num, [trees.get(row) for row in rows])
         elif trees:  # every live request's tree in one call (impl=triton: one kernel launch)
             live_trees = [trees[row] for row in rows]
             rule, impl = tree_rule_for_round(spec.rule, spec.impl, inputs[rows, 1:], parents, num)
-            results = verify_trees(
-                rule, probs, tokens[rows].to(probs.device), live_trees, generator=generator, impl=impl,
-                **(spec.rule_params if rule == "thresholded" else {}),
-            )
+            thresholds = spec.rule_params if rule == "thresholded" else {}
+            if impl == "triton":
+                hosts = [trees[row].host if row in trees else None for row in range(engine.rows)]
+                results = _rows(sampler.trees(rule, logits, inputs, hosts, _thresholds(thresholds)), rows)
+            else:
+                probs = probs_from_logits(_live(logits, rows), params)  # [A, q, V]
+                results = verify_trees(rule, probs, tokens[rows].to(probs.device), live_trees, generator=generator,
+                                       impl=impl, **thresholds)
             rounds = [_verify_tree(tree, result) for tree, result in zip(live_trees, results)]
         else:
-            rounds = _verify_chain(spec, probs, proposal, num, generator)
+            rounds = _verify_chain(spec, sampler, logits, rows, inputs[:, 1:], num, proposal.probs)
         keep = [[] for _ in range(engine.rows)]
         for row, r, rd in zip(rows, reqs, rounds):
             keep[row] = rd.path
@@ -326,22 +335,42 @@ def _greedy_rounds(best: list, step: list, num: list, trees: list) -> list[Round
     return rounds
 
 
-def _verify_chain(spec, probs, proposal, num, generator) -> list[Round]:
-    """probs: [A, k+1, V]; the drafts proposal.tokens [A, k], -1 past each request's num."""
+def _verify_chain(spec, sampler, logits, rows, drafts, num, draft_probs) -> list[Round]:
+    """logits: [B, k+1, V] every engine row's; drafts [B, k] the verify inputs' (numpy; 0 past
+    each live request's num, and on idle rows); draft_probs [A, k, V] or None."""
     rule = spec.rule
-    drafts = proposal.tokens.to(probs.device)
-    if proposal.probs is None and rule in NEEDS_DRAFT_PROBS:
+    if draft_probs is None and rule in NEEDS_DRAFT_PROBS:
         # A deterministic drafter's q is the point mass on its token, under which standard is
         # onehot exactly: u q(x) < p(x) is u < p(x), and max(0, p - q) is p with x zeroed. The
-        # same draws, without building q [A, k, V] (tests/test_rules.py checks it draw for draw).
+        # same draws, without building q [B, k, V] (tests/test_rules.py checks it draw for draw).
         rule = "onehot"
-    result = verify_chain(
-        rule, probs, drafts, proposal.probs, generator=generator, impl=spec.impl,
-        **(spec.rule_params if rule == "thresholded" else {}),
-    )
-    both = torch.cat([result.tokens, result.num_accepted[:, None]], 1).tolist()  # one copy to the host, not two
-    tokens, accepted = [row[:-1] for row in both], [row[-1] for row in both]
-    return [Round(t[: a + 1], m, a, min(a + 1, m), list(range(a + 1))) for t, a, m in zip(tokens, accepted, num)]
+    B, k = drafts.shape
+    mine = np.zeros(B, dtype=np.int64)  # [B] drafts a row verifies: 0 on idle rows
+    mine[rows] = num
+    drafts = torch.from_numpy(np.where(np.arange(k) < mine[:, None], drafts, -1)).to(logits.device)  # [B, k], one copy
+    if rule not in NEEDS_DRAFT_PROBS:
+        draft_probs = None
+    elif len(rows) < B:  # idle rows: zeros (they verify no draft)
+        padded = draft_probs.new_zeros((B, *draft_probs.shape[1:]))
+        padded[torch.tensor(rows, device=padded.device)] = draft_probs
+        draft_probs = padded
+    results = _rows(sampler.chain(rule, spec.impl, logits, drafts, draft_probs,
+                                  _thresholds(spec.rule_params if rule == "thresholded" else {})), rows)
+    return [Round(t, m, a, min(a + 1, m), list(range(a + 1))) for (t, a), m in zip(results, num)]
+
+
+def _rows(values: list, rows: list) -> list:
+    """Every engine row's values -> the live rows'."""
+    return [values[row] for row in rows]
+
+
+def _live(logits: torch.Tensor, rows: list) -> torch.Tensor:
+    """logits [B, q, V] -> the live rows' [A, q, V] (a copy of the index to the device where rows are idle)."""
+    return logits if len(rows) == logits.shape[0] else logits[torch.tensor(rows, device=logits.device)]
+
+
+def _thresholds(rule_params: dict) -> tuple[float, float]:
+    return (rule_params.get("threshold_single", 1.0), rule_params.get("threshold_acc", 1.0))
 
 
 def _verify_tree(tree, result) -> Round:

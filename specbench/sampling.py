@@ -39,7 +39,7 @@ def probs_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Ten
         # Keep the smallest prefix whose mass reaches top_p: drop a token once the mass
         # strictly before it already does. The most likely token is always kept.
         drop = (sorted_probs.cumsum(-1) - sorted_probs) >= params.top_p
-        drop[..., 0] = False
+        drop[..., 0].fill_(False)  # a scalar fill: no tensor from Python data (capturable)
         logits = logits.scatter(-1, order, sorted_logits.masked_fill(drop, float("-inf")))
     return logits.softmax(-1)
 

@@ -80,7 +80,7 @@ def fake_graphs(monkeypatch):
             return None
         return chains[0].engine if isinstance(chains[0], NativeChain) else chains[0].cache
 
-    def capture(run, warmups=2):
+    def capture(run, warmups=2, generators=()):
         for _ in range(warmups):  # warm-up, as on a side stream: may synchronize (lazy caches)
             run()
         with NoHostSync():

@@ -31,7 +31,7 @@ from specbench.config import ConfigError, NgramConfig, register, validate
 from specbench.drafters.base import DraftState
 from specbench.drafters.ngram import NgramDrafter, ngram_propose_batch
 from specbench.distcheck import power
-from specbench.rules import resolve_impl, verify_chain, verify_tree, verify_trees, warm_chain_kernel
+from specbench.rules import resolve_impl, verify_chain, verify_tree, verify_trees
 from specbench.tree import chain_parents, compile_tree, with_root
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -515,19 +515,6 @@ def test_auto_impl_takes_the_kernel_where_it_runs_the_round(monkeypatch):
     assert resolve_impl("auto", cuda, "onehot", trees=False) == "torch"
     with pytest.raises(ValueError, match=r"^impl=auto: valid impls: torch, triton \(resolve auto"):
         verify_chain("onehot", P.expand(1, 2, 6), torch.tensor([[1]]), impl="auto")
-
-
-@needs_triton
-def test_warming_the_chain_kernel_compiles_every_launch_shape_a_batch_drains_through():
-    """The chain kernel's launch shape follows the live rows (vocab.launch_shape). Warming for
-    up to `rows` rows runs each distinct shape once per variant of q."""
-    from specbench.kernels.vocab import launch_shape
-
-    rows, V = (48, 49152) if CUDA else (6, 300)  # the interpreter's tiles are 256 columns, CUDA's 2048
-    shapes = {launch_shape(A, V, torch.device(DEVICE), None, None) for A in range(1, rows + 1)}
-    assert len(shapes) >= 2  # the case this warms for: draining changes the shape
-    assert warm_chain_kernel("onehot", rows, 2, V, torch.device(DEVICE)) == len(shapes)
-    assert warm_chain_kernel("standard", rows, 2, V, torch.device(DEVICE)) == 2 * len(shapes)  # with q, and as onehot
 
 
 @needs_triton
