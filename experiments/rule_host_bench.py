@@ -136,10 +136,10 @@ def pieces(B: int, k: int, V: int, device: torch.device) -> dict:
     def sampled(graphs: bool, kind: str):
         sampler = samplers[graphs]
         if kind == "token":
-            return sampler.tokens(logits[:, :1])
+            return sampler.tokens(logits[:, :1]).result()
         if kind == "chain":
-            return sampler.chain("onehot", "triton", logits, drafts)
-        return sampler.trees("target_only", tree_logits, host_tokens, [tree.host] * B)
+            return sampler.chain("onehot", "triton", logits, drafts).result()
+        return sampler.trees("target_only", tree_logits, host_tokens, [tree.host] * B).result()
 
     return {
         "sync": lambda: None,

@@ -55,8 +55,9 @@ class SpecStats:
 class RoundClock:
     """Wall time per batched round, split in three: drafting (the proposal and the verify inputs
     built from it, a tree's mask included), the target's forward (at temperature 0 with its
-    argmaxes on the host), and the rest (the sampling transform, the rule's draws and the rule,
-    KV bookkeeping and cache moves, history updates).
+    argmaxes on the host; above it with the round's sampled step launched behind it, so its host
+    work overlaps the forward and its device time counts here), and the rest (the sampled step's
+    results read back, the rule's host part, KV bookkeeping and cache moves, history updates).
 
     Each round also counts its live requests. While a batch drains (its last requests finishing
     with no prompt left to admit) rounds have fewer live requests, and drafting and bookkeeping

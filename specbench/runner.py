@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -249,7 +249,7 @@ def decode_requests(
             drafts = proposal.tokens.cpu().numpy()  # [A, M], one copy; -1 past each request's num
             inputs[rows, 1:] = np.where(np.arange(M) < np.asarray(num)[:, None], drafts, 0)
         tokens = torch.from_numpy(inputs)  # [B, 1 + M]
-        trees, tree_inputs = {}, ()
+        trees, tree_inputs, parents = {}, (), None
         if proposal is not None and not proposal.is_chain:
             depth = np.zeros((engine.rows, 1 + M), dtype=np.int64)
             ancestors = np.tile(np.eye(1 + M, dtype=bool), (engine.rows, 1, 1))  # padding sees itself
@@ -263,36 +263,23 @@ def decode_requests(
         t_forward = time.perf_counter()
         out = engine.forward(tokens, *tree_inputs)
         logits, step_features = out if engine.feature_layers else (out, None)
-        best = None
+        best = sampled = None
         if params.greedy:  # every rule is the argmax: one copy of them, the rounds on the host
             best_rows = logits.argmax(-1).tolist()  # [B, q]
             best = [best_rows[row] for row in rows]  # [A, q]
+        else:  # launched behind the forward, so that its host work overlaps the forward's device time
+            sampled = _launch_sampled(spec, sampler, logits, rows, inputs, num, proposal, trees, parents, generator)
         _synchronize(device)
         t_rule = time.perf_counter()
 
-        # Sampled: p, the draws and the rule for every engine row in one call (sampler; idle rows' dropped)
-        if spec is None:
-            last = [b[0] for b in best] if best is not None else _rows(sampler.tokens(logits), rows)
-            rounds = [Round([t], 0, 0, 0, [0]) for t in last]
+        if sampled is not None:
+            rounds = sampled()
+        elif spec is None:
+            rounds = [Round([b[0]], 0, 0, 0, [0]) for b in best]
         elif hasattr(spec.drafter, "forced_acceptance"):
-            probs = None if best is not None else probs_from_logits(_live(logits, rows), params)  # [A, q, V]
-            rounds = _forced(spec.drafter, probs, best, inputs[rows], num, generator)
-        elif best is not None:
-            rounds = _greedy_rounds(best, inputs[rows].tolist(), num, [trees.get(row) for row in rows])
-        elif trees:  # every live request's tree in one call (impl=triton: one kernel launch)
-            live_trees = [trees[row] for row in rows]
-            rule, impl = tree_rule_for_round(spec.rule, spec.impl, inputs[rows, 1:], parents, num)
-            thresholds = spec.rule_params if rule == "thresholded" else {}
-            if impl == "triton":
-                hosts = [trees[row].host if row in trees else None for row in range(engine.rows)]
-                results = _rows(sampler.trees(rule, logits, inputs, hosts, _thresholds(thresholds)), rows)
-            else:
-                probs = probs_from_logits(_live(logits, rows), params)  # [A, q, V]
-                results = verify_trees(rule, probs, tokens[rows].to(probs.device), live_trees, generator=generator,
-                                       impl=impl, **thresholds)
-            rounds = [_verify_tree(tree, result) for tree, result in zip(live_trees, results)]
+            rounds = _forced(spec.drafter, None, best, inputs[rows], num, generator)
         else:
-            rounds = _verify_chain(spec, sampler, logits, rows, inputs[:, 1:], num, proposal.probs)
+            rounds = _greedy_rounds(best, inputs[rows].tolist(), num, [trees.get(row) for row in rows])
         keep = [[] for _ in range(engine.rows)]
         for row, r, rd in zip(rows, reqs, rounds):
             keep[row] = rd.path
@@ -335,28 +322,58 @@ def _greedy_rounds(best: list, step: list, num: list, trees: list) -> list[Round
     return rounds
 
 
-def _verify_chain(spec, sampler, logits, rows, drafts, num, draft_probs) -> list[Round]:
-    """logits: [B, k+1, V] every engine row's; drafts [B, k] the verify inputs' (numpy; 0 past
-    each live request's num, and on idle rows); draft_probs [A, k, V] or None."""
-    rule = spec.rule
+def _launch_sampled(spec, sampler, logits, rows, inputs, num, proposal, trees, parents,
+                    generator) -> Callable[[], list]:
+    """A sampled round's draws for every live request, and its rule (spec None: the baseline's
+    token), launched where they can be (a Sampler call for every engine row: p, the draws and the
+    rule in one, graphed on CUDA) before the host waits for the forward. -> a function of no
+    arguments that reads the A requests' Rounds.
+    logits [B, q, V]; inputs [B, q] the verify inputs (numpy: each row's last token, then its
+    drafts, 0 past its num and on idle rows); trees: row -> TreeBuffers, parents [A, M] the
+    proposal's (numpy; trees only)."""
+    params = sampler.params
+    if spec is None:
+        pending = sampler.tokens(logits)
+        return lambda: [Round([t], 0, 0, 0, [0]) for t in _rows(pending.result(), rows)]
+    if hasattr(spec.drafter, "forced_acceptance"):  # the synthetic control: eager, from the live rows' p
+        return lambda: _forced(spec.drafter, probs_from_logits(_live(logits, rows), params), None, inputs[rows], num,
+                               generator)
+    if trees:  # every live request's tree in one call (impl=triton: one kernel launch)
+        live_trees = [trees[row] for row in rows]
+        rule, impl = tree_rule_for_round(spec.rule, spec.impl, inputs[rows, 1:], parents, num)
+        thresholds = spec.rule_params if rule == "thresholded" else {}
+        if impl == "triton":
+            hosts = [trees[row].host if row in trees else None for row in range(len(inputs))]
+            pending = sampler.trees(rule, logits, inputs, hosts, _thresholds(thresholds))
+            return lambda: [_verify_tree(t, res) for t, res in zip(live_trees, _rows(pending.result(), rows))]
+
+        def walked() -> list[Round]:  # the torch walk (a repeated sibling under a recursive rule): eager
+            probs = probs_from_logits(_live(logits, rows), params)  # [A, q, V]
+            results = verify_trees(rule, probs, torch.from_numpy(inputs[rows]).to(probs.device), live_trees,
+                                   generator=generator, impl=impl, **thresholds)
+            return [_verify_tree(t, res) for t, res in zip(live_trees, results)]
+
+        return walked
+    rule, draft_probs = spec.rule, proposal.probs
     if draft_probs is None and rule in NEEDS_DRAFT_PROBS:
         # A deterministic drafter's q is the point mass on its token, under which standard is
         # onehot exactly: u q(x) < p(x) is u < p(x), and max(0, p - q) is p with x zeroed. The
         # same draws, without building q [B, k, V] (tests/test_rules.py checks it draw for draw).
         rule = "onehot"
-    B, k = drafts.shape
+    B, k = inputs.shape[0], inputs.shape[1] - 1
     mine = np.zeros(B, dtype=np.int64)  # [B] drafts a row verifies: 0 on idle rows
     mine[rows] = num
-    drafts = torch.from_numpy(np.where(np.arange(k) < mine[:, None], drafts, -1)).to(logits.device)  # [B, k], one copy
+    drafts = np.where(np.arange(k) < mine[:, None], inputs[:, 1:], -1)  # [B, k]
     if rule not in NEEDS_DRAFT_PROBS:
         draft_probs = None
     elif len(rows) < B:  # idle rows: zeros (they verify no draft)
         padded = draft_probs.new_zeros((B, *draft_probs.shape[1:]))
         padded[torch.tensor(rows, device=padded.device)] = draft_probs
         draft_probs = padded
-    results = _rows(sampler.chain(rule, spec.impl, logits, drafts, draft_probs,
-                                  _thresholds(spec.rule_params if rule == "thresholded" else {})), rows)
-    return [Round(t, m, a, min(a + 1, m), list(range(a + 1))) for (t, a), m in zip(results, num)]
+    pending = sampler.chain(rule, spec.impl, logits, torch.from_numpy(drafts).to(logits.device), draft_probs,
+                            _thresholds(spec.rule_params if rule == "thresholded" else {}))
+    return lambda: [Round(t, m, a, min(a + 1, m), list(range(a + 1)))
+                    for (t, a), m in zip(_rows(pending.result(), rows), num)]
 
 
 def _rows(values: list, rows: list) -> list:

@@ -10,7 +10,14 @@ realweights). On CUDA with the engine's graphs on, each call replays a CUDA grap
 (specbench.graphs.Graphed: one per kind and input shapes), with the run's generator registered
 with it, so that a replay draws the numbers the eager call would. Graphed are the baseline's
 draw and the rules that run as Triton kernels (rule.impl=triton: one launch, no host
-synchronisation); the torch rules run eagerly through the same function.
+synchronisation); the torch rules run eagerly through the same function. On an H100
+(experiments/rule_host_bench.py, results/2026-12-07-h100-sampled-graphs) a chain step from the
+logits took 0.16 to 0.18 ms graphed against 0.53 to 0.55 eagerly at batch 1 and 8 (0.25
+against 0.35 at 48), a tree step 0.27 to 0.31 against 0.69 to 0.70 (no gain at 48).
+
+A call returns a Pending: the runner launches it right behind the target's forward, before it
+waits for the forward, so that the host work of the call overlaps the forward's device time,
+and reads the results after.
 
 Every engine row is computed, idle ones too (their results are dropped): the shapes are then
 the engine's, one graph a run, captured in the warm-up, not one for every number of live
@@ -22,7 +29,7 @@ Letters: B engine rows, q verify positions, k chain drafts, V vocabulary.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, NamedTuple, Optional
 
 import numpy as np
 import torch
@@ -57,26 +64,26 @@ class Sampler:
         (walks,) = inputs  # [3, B, q]
         return (tree_kernel_step(rule, probs, walks, D, Z, self.generator, **thresholds),)  # [B, 2 (D + 1) + 2]
 
-    def _call(self, key: tuple, *inputs: torch.Tensor) -> list:
-        """The key's result on the host: graphed where it draws no host synchronisation."""
+    def _launch(self, key: tuple, parse: Callable[[list], list], *inputs: torch.Tensor) -> Pending:
+        """The key's call, launched (graphed where it draws no host synchronisation), not waited for."""
         graphed = key[0] == "token" or key[2] == "triton"
-        return (self._graphed if graphed else self._run)(key, *inputs)[0].tolist()
+        return Pending((self._graphed if graphed else self._run)(key, *inputs)[0], parse)
 
-    def tokens(self, logits: torch.Tensor) -> list[int]:
+    def tokens(self, logits: torch.Tensor) -> Pending:
         """logits [B, q, V] -> [B] a token drawn from p at each row's first position."""
-        return self._call(("token", None, None, NO_THRESHOLDS, 0, 0), logits)
+        return self._launch(("token", None, None, NO_THRESHOLDS, 0, 0), list, logits)
 
     def chain(self, rule: str, impl: str, logits: torch.Tensor, drafts: torch.Tensor,
-              draft_probs: Optional[torch.Tensor] = None, thresholds: tuple = NO_THRESHOLDS) -> list[tuple[list, int]]:
+              draft_probs: Optional[torch.Tensor] = None, thresholds: tuple = NO_THRESHOLDS) -> Pending:
         """specbench.rules.verify_chain for every row: logits [B, k + 1, V], drafts [B, k] (-1
         past each row's drafts; an idle row's all -1), draft_probs [B, k, V] (standard) ->
         [B] (emitted tokens, num accepted): a row's tokens[: a + 1]."""
         inputs = (drafts,) if draft_probs is None else (drafts, draft_probs)
-        rows = self._call(("chain", rule, impl, tuple(thresholds), 0, 0), logits, *inputs)
-        return [(row[: row[-1] + 1], row[-1]) for row in rows]
+        return self._launch(("chain", rule, impl, tuple(thresholds), 0, 0),
+                            lambda rows: [(row[: row[-1] + 1], row[-1]) for row in rows], logits, *inputs)
 
     def trees(self, rule: str, logits: torch.Tensor, node_tokens: np.ndarray, hosts: list,
-              thresholds: tuple = NO_THRESHOLDS) -> list:
+              thresholds: tuple = NO_THRESHOLDS) -> Pending:
         """The tree kernel's walk (rule.impl=triton) for every row: logits [B, q, V], node_tokens
         [B, q] (numpy; column 0 each row's root), hosts [B] each row's specbench.tree.TreeHost
         (None: an idle row) -> [B] TreeResult. Padded to q nodes, q - 1 levels and q - 1
@@ -84,4 +91,18 @@ class Sampler:
         B, q = node_tokens.shape
         walks = torch.from_numpy(pack_trees(hosts, node_tokens, q)).to(logits.device)  # [3, B, q], one copy
         D = Z = max(1, q - 1)
-        return tree_kernel_results(self._call(("tree", rule, "triton", tuple(thresholds), D, Z), logits, walks), D)
+        return self._launch(("tree", rule, "triton", tuple(thresholds), D, Z),
+                            lambda rows: tree_kernel_results(rows, D), logits, walks)
+
+
+class Pending(NamedTuple):
+    """A Sampler call launched on the device and not waited for: the runner launches it behind
+    the target's forward, so that its host work overlaps the forward's device time, and reads
+    it after. out: a graph's static output when replayed (read it before the next call)."""
+
+    out: torch.Tensor  # [B, ...] int64
+    parse: Callable[[list], list]  # out on the host, a list per row -> the call's results, a row each
+
+    def result(self) -> list:
+        """The results, a row each (the copy to the host waits for the call)."""
+        return self.parse(self.out.tolist())

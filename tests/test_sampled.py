@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from test_graphs import FakeGraph, NoHostSync
-from test_runner import EOS, RAGGED, BigramEngine, OracleTreeDrafter
+from test_runner import EOS, INTERPRETED_KERNELS, NEEDS_INTERPRETER, RAGGED, BigramEngine, OracleTreeDrafter
 from specbench import graphs
 from specbench.runner import Speculation, decode_requests
 from specbench.sampled import Sampler
@@ -68,11 +68,11 @@ def calls(sampler: Sampler, kind: str, rule: str, impl: str, seeds, idle: float 
     out = []
     for s in seeds:
         if kind == "token":
-            out.append(sampler.tokens(logits_of(s, 1, idle)))
+            out.append(sampler.tokens(logits_of(s, 1, idle)).result())
         elif kind == "chain":
-            out.append(sampler.chain(rule, impl, logits_of(s, K + 1, idle), chain_drafts(s)))
+            out.append(sampler.chain(rule, impl, logits_of(s, K + 1, idle), chain_drafts(s)).result())
         else:
-            out.append(sampler.trees(rule, logits_of(s, K + 2, idle), node_tokens, tree_hosts()))
+            out.append(sampler.trees(rule, logits_of(s, K + 2, idle), node_tokens, tree_hosts()).result())
     return out
 
 
@@ -111,13 +111,15 @@ def test_an_idle_rows_logits_do_not_change_the_live_rows_draws(kind, rule, impl)
 def test_a_chain_row_emits_its_accepted_drafts_then_one_token():
     """Sampler.chain's rows: (tokens, a) with tokens the a accepted drafts, then the drawn one;
     an idle row accepts nothing and still draws."""
-    rows = Sampler(PARAMS, torch.Generator(DEVICE).manual_seed(0)).chain("onehot", "triton", logits_of(0), chain_drafts(0))
+    sampler = Sampler(PARAMS, torch.Generator(DEVICE).manual_seed(0))
+    rows = sampler.chain("onehot", "triton", logits_of(0), chain_drafts(0)).result()
     drafts = chain_drafts(0).tolist()
     for (tokens, a), d in zip(rows, drafts):
         assert len(tokens) == a + 1 and tokens[:a] == d[:a] and 0 <= tokens[a] < V
     assert rows[1][1] == 0 and rows[2][1] <= 1
 
 
+@pytest.mark.skipif(not INTERPRETED_KERNELS, reason=NEEDS_INTERPRETER)
 def test_the_runner_decodes_through_graphs_what_it_decodes_eagerly(fake_capture):
     """Four prompts through three engine rows (the batch drains), sampled: the baseline and tree
     rounds (rule.impl=triton) through a graphed Sampler, re-seeded after a first decode that
@@ -139,6 +141,24 @@ def test_the_runner_decodes_through_graphs_what_it_decodes_eagerly(fake_capture)
         got = decode(graphed, spec_of())
         want = decode(Sampler(PARAMS, torch.Generator().manual_seed(5)), spec_of())
         assert got == want and len(fake_capture) == 1
+
+
+def test_the_runner_launches_a_rounds_draws_before_it_waits_for_the_forward(monkeypatch):
+    """At T > 0 a round's Sampler call is launched right after the target's forward, before
+    the host synchronises (the forward's device time then hides the call's host work), and its
+    results are read after: every forward is followed by a launch, then a synchronisation."""
+    from specbench import runner as runner_module
+
+    events = []
+    monkeypatch.setattr(runner_module, "_synchronize", lambda device: events.append("sync"))
+    launch, forward = Sampler._launch, BigramEngine.forward
+    monkeypatch.setattr(Sampler, "_launch", lambda self, *a: events.append("launch") or launch(self, *a))
+    monkeypatch.setattr(BigramEngine, "forward", lambda self, *a: events.append("forward") or forward(self, *a))
+    sampler = Sampler(PARAMS, torch.Generator().manual_seed(0))
+    decode_requests(BigramEngine(rows=2), RAGGED, params=PARAMS, max_new_tokens=6, eos_ids=frozenset(),
+                    generator=sampler.generator, sampler=sampler)
+    after = [events[i + 1 : i + 3] for i, e in enumerate(events) if e == "forward"]
+    assert len(after) >= 5 and all(a == ["launch", "sync"] for a in after)
 
 
 def test_a_sampler_must_draw_from_the_decodes_generator():
