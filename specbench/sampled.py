@@ -10,7 +10,8 @@ realweights). On CUDA with the engine's graphs on, each call replays a CUDA grap
 (specbench.graphs.Graphed: one per kind and input shapes), with the run's generator registered
 with it, so that a replay draws the numbers the eager call would. Graphed are the baseline's
 draw and the rules that run as Triton kernels (rule.impl=triton: one launch, no host
-synchronisation); the torch rules run eagerly through the same function. On an H100
+synchronisation) but for a chain with the draft's q (Sampler.chain); the torch rules run
+eagerly through the same function. On an H100
 (experiments/rule_host_bench.py, results/2026-12-07-h100-sampled-graphs) a chain step from the
 logits took 0.16 to 0.18 ms graphed against 0.53 to 0.55 eagerly at batch 1 and 8 (0.25
 against 0.35 at 48), a tree step 0.27 to 0.31 against 0.69 to 0.70 (no gain at 48).
@@ -64,23 +65,26 @@ class Sampler:
         (walks,) = inputs  # [3, B, q]
         return (tree_kernel_step(rule, probs, walks, D, Z, self.generator, **thresholds),)  # [B, 2 (D + 1) + 2]
 
-    def _launch(self, key: tuple, parse: Callable[[list], list], *inputs: torch.Tensor) -> Pending:
-        """The key's call, launched (graphed where it draws no host synchronisation), not waited for."""
-        graphed = key[0] == "token" or key[2] == "triton"
+    def _launch(self, key: tuple, parse: Callable[[list], list], *inputs: torch.Tensor, graphed: bool) -> Pending:
+        """The key's call, launched (graphed: replayed, where the Sampler has graphs), not waited for."""
         return Pending((self._graphed if graphed else self._run)(key, *inputs)[0], parse)
 
     def tokens(self, logits: torch.Tensor) -> Pending:
         """logits [B, q, V] -> [B] a token drawn from p at each row's first position."""
-        return self._launch(("token", None, None, NO_THRESHOLDS, 0, 0), list, logits)
+        return self._launch(("token", None, None, NO_THRESHOLDS, 0, 0), list, logits, graphed=True)
 
     def chain(self, rule: str, impl: str, logits: torch.Tensor, drafts: torch.Tensor,
               draft_probs: Optional[torch.Tensor] = None, thresholds: tuple = NO_THRESHOLDS) -> Pending:
         """specbench.rules.verify_chain for every row: logits [B, k + 1, V], drafts [B, k] (-1
         past each row's drafts; an idle row's all -1), draft_probs [B, k, V] (standard) ->
-        [B] (emitted tokens, num accepted): a row's tokens[: a + 1]."""
+        [B] (emitted tokens, num accepted): a row's tokens[: a + 1]. Graphed with impl=triton
+        and no q: a graph would keep a static copy of q, as large as q itself (B k V floats), and
+        double what keeping draft probabilities costs in memory, a measurement of its own
+        (vLLM's draft_sample_method, issue 6 d); with q the call runs eagerly."""
         inputs = (drafts,) if draft_probs is None else (drafts, draft_probs)
         return self._launch(("chain", rule, impl, tuple(thresholds), 0, 0),
-                            lambda rows: [(row[: row[-1] + 1], row[-1]) for row in rows], logits, *inputs)
+                            lambda rows: [(row[: row[-1] + 1], row[-1]) for row in rows], logits, *inputs,
+                            graphed=impl == "triton" and draft_probs is None)
 
     def trees(self, rule: str, logits: torch.Tensor, node_tokens: np.ndarray, hosts: list,
               thresholds: tuple = NO_THRESHOLDS) -> Pending:
@@ -92,7 +96,7 @@ class Sampler:
         walks = torch.from_numpy(pack_trees(hosts, node_tokens, q)).to(logits.device)  # [3, B, q], one copy
         D = Z = max(1, q - 1)
         return self._launch(("tree", rule, "triton", tuple(thresholds), D, Z),
-                            lambda rows: tree_kernel_results(rows, D), logits, walks)
+                            lambda rows: tree_kernel_results(rows, D), logits, walks, graphed=True)
 
 
 class Pending(NamedTuple):

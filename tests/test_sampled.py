@@ -55,6 +55,13 @@ def chain_drafts(seed: int) -> torch.Tensor:
     return d.to(DEVICE)
 
 
+def draft_probs(seed: int) -> torch.Tensor:
+    """[B, K, V] a draft's q (the standard rule's), row 1's zeros (idle)."""
+    q = torch.randn(B, K, V, generator=torch.Generator().manual_seed(seed + 500)).mul(2.0).softmax(-1)
+    q[1] = 0.0
+    return q.to(DEVICE)
+
+
 def tree_hosts():
     """[B] TreeHost: a 5-node tree (two children of the root, two under the first), idle, a chain of 2."""
     wide = compile_tree(with_root(torch.tensor([0, 0, 1, 1]))).host
@@ -70,14 +77,15 @@ def calls(sampler: Sampler, kind: str, rule: str, impl: str, seeds, idle: float 
         if kind == "token":
             out.append(sampler.tokens(logits_of(s, 1, idle)).result())
         elif kind == "chain":
-            out.append(sampler.chain(rule, impl, logits_of(s, K + 1, idle), chain_drafts(s)).result())
+            q = draft_probs(s) if rule == "standard" else None
+            out.append(sampler.chain(rule, impl, logits_of(s, K + 1, idle), chain_drafts(s), q).result())
         else:
             out.append(sampler.trees(rule, logits_of(s, K + 2, idle), node_tokens, tree_hosts()).result())
     return out
 
 
 CASES = [("token", None, "triton"), ("chain", "onehot", "triton"), ("chain", "thresholded", "triton"),
-         ("chain", "onehot", "torch"), ("tree", "target_only", "triton")]
+         ("chain", "standard", "triton"), ("chain", "onehot", "torch"), ("tree", "target_only", "triton")]
 
 
 @pytest.mark.parametrize("kind, rule, impl", CASES)
@@ -86,14 +94,16 @@ def test_graphed_calls_draw_what_eager_calls_draw(fake_capture, kind, rule, impl
     what an eager Sampler gives from the same seed: every replay draws from the generator's
     offset of the moment (on the CPU the stand-in replays eagerly; on CUDA the real graphs are
     checked below). The first call captures, with the generator registered; no later call
-    does; torch rules are not graphed (they may synchronise)."""
+    does. Torch rules are not graphed (they may synchronise), nor a chain with the draft's q (a
+    graph's static copy of q would double its memory)."""
     graphed = Sampler(PARAMS, torch.Generator(DEVICE), graphs=True)
     calls(graphed, kind, rule, impl, [99])  # the warm-up's capture
     graphed.generator.manual_seed(7)
     got = calls(graphed, kind, rule, impl, range(4))
     want = calls(Sampler(PARAMS, torch.Generator(DEVICE).manual_seed(7)), kind, rule, impl, range(4))
     assert got == want
-    assert [g[0] is graphed.generator for g in fake_capture] == ([] if impl == "torch" else [True])
+    eager = impl == "torch" or rule == "standard"
+    assert [g[0] is graphed.generator for g in fake_capture] == ([] if eager else [True])
 
 
 @pytest.mark.parametrize("kind, rule, impl", CASES)
@@ -152,7 +162,7 @@ def test_the_runner_launches_a_rounds_draws_before_it_waits_for_the_forward(monk
     events = []
     monkeypatch.setattr(runner_module, "_synchronize", lambda device: events.append("sync"))
     launch, forward = Sampler._launch, BigramEngine.forward
-    monkeypatch.setattr(Sampler, "_launch", lambda self, *a: events.append("launch") or launch(self, *a))
+    monkeypatch.setattr(Sampler, "_launch", lambda self, *a, **kw: events.append("launch") or launch(self, *a, **kw))
     monkeypatch.setattr(BigramEngine, "forward", lambda self, *a: events.append("forward") or forward(self, *a))
     sampler = Sampler(PARAMS, torch.Generator().manual_seed(0))
     decode_requests(BigramEngine(rows=2), RAGGED, params=PARAMS, max_new_tokens=6, eos_ids=frozenset(),
