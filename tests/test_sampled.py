@@ -189,3 +189,42 @@ def test_cuda_graphs_draw_what_eager_calls_draw(kind, rule, impl):
         got = calls(graphed, kind, rule, impl, range(4))
         want = calls(Sampler(PARAMS, torch.Generator(DEVICE).manual_seed(seed)), kind, rule, impl, range(4))
         assert got == want, seed
+
+
+def test_a_tree_walk_padded_to_the_runs_shape_is_the_tight_walk():
+    """Sampler.trees pads every round's trees to q nodes, q - 1 levels and q - 1 children: the
+    tree kernel given the padded inputs (p at padding nodes anything, coins past a tree's depth
+    anything) walks exactly as on the tight ones, with the same coins and noise where both read."""
+    from specbench.kernels import tree as ktree
+    from specbench.rules import pack_trees, tree_kernel_results
+
+    q = K + 3
+    hosts = tree_hosts()[:1] * 2 + [tree_hosts()[2]]  # two 5-node trees and a chain of 2
+    node_tokens = np.random.default_rng(0).integers(0, V, (B, q))
+    g = torch.Generator().manual_seed(4)
+    first, sibling, token = pack_trees(hosts, node_tokens, q)  # [B, q] each
+    boost = torch.zeros(B, q, V)  # each node's children's tokens likely at the node
+    for b in range(B):
+        for n in range(q):
+            c = first[b, n]
+            while c >= 0:
+                boost[b, n, token[b, c]] = 5.0
+                c = sibling[b, c]
+    walked = 0
+    for trial in range(6):
+        probs = torch.softmax(torch.randn(B, q, V, generator=g) + boost, -1).to(DEVICE)
+        coins = torch.rand(B, q - 1, generator=g).to(DEVICE)
+        noise = (1.0 / torch.empty(B, V).exponential_(generator=g)).to(DEVICE)
+        N = max(h.links.shape[1] for h in hosts)
+        D = max(h.levels for h in hosts)
+        Z = max(h.child_table.shape[1] for h in hosts)
+        walks = {}
+        for name, (n, d, z) in {"tight": (N, D, Z), "padded": (q, q - 1, q - 1)}.items():
+            w = torch.from_numpy(pack_trees(hosts, node_tokens, n)).to(DEVICE)
+            out = ktree.tree_triton("target_only", probs[:, :n].contiguous(), w[2], w[0], w[1],
+                                    coins[:, :d].contiguous(), noise, max_children=z)
+            rows = torch.cat([out.path, out.tokens, out.num_accepted[:, None], out.tried[:, None]], 1).tolist()
+            walks[name] = tree_kernel_results(rows, d)
+        assert walks["tight"] == walks["padded"], trial
+        walked += sum(r.num_accepted for r in walks["tight"])
+    assert walked >= 6  # the walks went down the trees, where the coins and the padding matter
