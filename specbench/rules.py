@@ -513,18 +513,19 @@ def _verify_trees_kernel(rule, target_probs, node_tokens, trees, generator, thre
     N = max(h.links.shape[1] for h in hosts)
     D = max(h.levels for h in hosts)
     Z = max(h.child_table.shape[1] for h in hosts)  # the most children of one node, over the batch
-    walks = pack_trees(hosts, node_tokens[:, :N].cpu().numpy(), N)
-    rows = tree_kernel_step(rule, target_probs[:, :N], torch.from_numpy(walks).to(target_probs.device), D, Z,
-                            generator, threshold_single, threshold_acc)
+    walks = torch.from_numpy(pack_trees(hosts, None, N)).to(target_probs.device)  # [3, A, N], one copy
+    walks[2] = torch.where(walks[2] >= 0, node_tokens[:, :N].to(walks.device), -1)  # depth -> token, on the device
+    rows = tree_kernel_step(rule, target_probs[:, :N], walks, D, Z, generator, threshold_single, threshold_acc)
     return tree_kernel_results(rows.tolist(), D)
 
 
-def pack_trees(hosts: list, node_tokens: np.ndarray, N: int) -> np.ndarray:
+def pack_trees(hosts: list, node_tokens: Optional[np.ndarray], N: int) -> np.ndarray:
     """hosts: A specbench.tree.TreeHost (None: no tree, a row whose root only draws a token),
     node_tokens: [A, >= N] -> [3, A, N] int64, the tree kernel's inputs: each node's first
-    child, next sibling and token, -1 on padding nodes. In numpy (no torch dispatch per tree),
-    for one copy to the device. One tree for every request (a fixed tree shape) is broadcast;
-    the host's work per tree is what grows with A."""
+    child, next sibling and token, -1 on padding nodes (node_tokens None: each node's depth in
+    place of its token, for tokens that are on the device). In numpy (no torch dispatch per
+    tree), for one copy to the device. One tree for every request (a fixed tree shape) is
+    broadcast; the host's work per tree is what grows with A."""
     A = len(hosts)
     walks = np.full((3, A, N), -1, dtype=np.int64)  # first child, next sibling, depth (then the tokens)
     if A and hosts[0] is not None and all(h is hosts[0] for h in hosts):
@@ -533,7 +534,8 @@ def pack_trees(hosts: list, node_tokens: np.ndarray, N: int) -> np.ndarray:
         for a, h in enumerate(hosts):
             if h is not None:
                 walks[:, a, : h.links.shape[1]] = h.links
-    walks[2] = np.where(walks[2] >= 0, node_tokens[:, :N], -1)  # a node has a depth: its token
+    if node_tokens is not None:
+        walks[2] = np.where(walks[2] >= 0, node_tokens[:, :N], -1)  # a node has a depth: its token
     return walks
 
 

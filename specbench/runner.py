@@ -268,7 +268,7 @@ def decode_requests(
             best_rows = logits.argmax(-1).tolist()  # [B, q]
             best = [best_rows[row] for row in rows]  # [A, q]
         else:  # launched behind the forward, so that its host work overlaps the forward's device time
-            sampled = _launch_sampled(spec, sampler, logits, rows, inputs, num, proposal, trees, parents, generator)
+            sampled = _launch_sampled(spec, sampler, logits, rows, inputs, num, proposal, trees, parents)
         _synchronize(device)
         t_rule = time.perf_counter()
 
@@ -322,16 +322,15 @@ def _greedy_rounds(best: list, step: list, num: list, trees: list) -> list[Round
     return rounds
 
 
-def _launch_sampled(spec, sampler, logits, rows, inputs, num, proposal, trees, parents,
-                    generator) -> Callable[[], list]:
+def _launch_sampled(spec, sampler, logits, rows, inputs, num, proposal, trees, parents) -> Callable[[], list]:
     """A sampled round's draws for every live request, and its rule (spec None: the baseline's
     token), launched where they can be (a Sampler call for every engine row: p, the draws and the
     rule in one, graphed on CUDA) before the host waits for the forward. -> a function of no
     arguments that reads the A requests' Rounds.
     logits [B, q, V]; inputs [B, q] the verify inputs (numpy: each row's last token, then its
     drafts, 0 past its num and on idle rows); trees: row -> TreeBuffers, parents [A, M] the
-    proposal's (numpy; trees only)."""
-    params = sampler.params
+    proposal's (numpy; trees only). The eager pieces draw from the sampler's generator too."""
+    params, generator = sampler.params, sampler.generator
     if spec is None:
         pending = sampler.tokens(logits)
         return lambda: [Round([t], 0, 0, 0, [0]) for t in _rows(pending.result(), rows)]
