@@ -113,7 +113,7 @@ def kernel_attention(*args, where):
     return attention_kernel(*args, where)
 
 
-def block(s: Shape, attention, x, cos, sin, where, k_cache, v_cache, lengths, ancestors,
+def block(s: Shape, attention, x, squares, cos, sin, where, k_cache, v_cache, lengths, ancestors,
           attention_norm, wqkv, bqkv, wo, ffn_norm, w13, w2, kernels: bool = False):
     """One decoder layer as a function of its weights, so that one compiled function serves
     every layer. x: [B, q, D]; cos, sin: [B, q, 1, hd]; where: (mask [B, 1, G*q, S] bool,
@@ -121,12 +121,15 @@ def block(s: Shape, attention, x, cos, sin, where, k_cache, v_cache, lengths, an
     kernel_attention; k_cache, v_cache: [B, Hkv, S, hd]; lengths [B], ancestors [B, q, q]: where
     the new entries go and what they see; attention: one of the *_attention functions above.
     kernels: the projections through specbench.kernels.gemv where it applies (B q <= 16 input
-    rows: the norms, the MLP activation and the residual adds folded into them)."""
-    qkv = project(x, wqkv, bqkv, norm=attention_norm, eps=s.eps, kernel=kernels)
+    rows: the norms, the MLP activation and the residual adds folded into them). -> the layer's
+    output and its squares: with the kernels on several rows, each residual projection sums its
+    output's squares for the next norm (gemv.project's squares), which then makes no pass over
+    x; squares: x's (None: the norm makes its pass)."""
+    qkv = project(x, wqkv, bqkv, norm=attention_norm, eps=s.eps, kernel=kernels, norm_squares=squares)
     o = attention(qkv, cos, sin, k_cache, v_cache, lengths, ancestors, s.heads, s.kv_heads, where=where)  # [B, q, H*hd]
-    x = project(o, wo, residual=x, kernel=kernels)
-    h = project(x, w13, norm=ffn_norm, eps=s.eps, glu=True, kernel=kernels)  # [B, q, hidden]
-    return project(h, w2, residual=x, kernel=kernels)
+    x, squares = project(o, wo, residual=x, kernel=kernels, squares=True)
+    h = project(x, w13, norm=ffn_norm, eps=s.eps, glu=True, kernel=kernels, norm_squares=squares)  # [B, q, hidden]
+    return project(h, w2, residual=x, kernel=kernels, squares=True)
 
 
 def prefill_block(*args, **kwargs):
@@ -196,19 +199,23 @@ class Transformer(nn.Module):
             rope = rope[positions.clamp(max=rope.shape[0] - 1)]
         cos, sin = rope[:, :, 0:1], rope[:, :, 1:2]  # [B, q, 1, hd] each
         states = {}
+        squares = None  # x's squares by gemv.SQUARES_GROUP columns [B q, D / 16], where a projection summed them
         for i, weights in enumerate(self.layers):
             if i in feature_layers:
                 states[i] = x
-            x = layer(s, attention, x, cos, sin, where, cache_k[i], cache_v[i], lengths, ancestors,
-                      *weights.weights, kernels=kernels)
+            x, squares = layer(s, attention, x, squares, cos, sin, where, cache_k[i], cache_v[i], lengths, ancestors,
+                               *weights.weights, kernels=kernels)
         norm = self.norm.weight  # folded into the output projection, after `last` picks the rows
         if s.layers in feature_layers:  # unless the normed states are a feature
             x, norm = self.norm(x), None
             states[s.layers] = x
         features = torch.cat([states[i] for i in feature_layers], -1) if feature_layers else None
         if last is not None:
-            x = x[torch.arange(B, device=x.device), last]  # [B, D]
-        return project(x, self.output.weight, norm=norm, eps=s.eps, kernel=kernels), features
+            rows = torch.arange(B, device=x.device)
+            x = x[rows, last]  # [B, D]
+            if squares is not None:
+                squares = squares.view(B, q, -1)[rows, last]  # [B, D / 16]
+        return project(x, self.output.weight, norm=norm, eps=s.eps, kernel=kernels, norm_squares=squares), features
 
     @classmethod
     def from_hf(cls, model) -> Transformer:

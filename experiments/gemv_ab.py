@@ -15,10 +15,13 @@ projections  each projection of a Llama-3.1-8B layer with the folds the layer gi
              (wqkv + norm, wo + residual, w13 + norm + SwiGLU, w2 + residual) at each row count:
              us a call for baseline and current, alternated over --rounds rounds (each a CUDA
              graph over weight copies larger than L2; the median of each), the autotuner's pick,
-             and each one's largest error against the torch composition
+             and each one's largest error against the torch composition. A module whose project
+             passes the norm's squares along (gemv.project's squares) runs as a layer runs it:
+             its norms from the squares, its residual projections summing them for the next
 forwards     the native engine's forward of q positions at context 512 (eager layers with
              engine.kernels, CUDA graphs), once with each module's `project`, alternated
-             likewise, and the largest logit difference between the two
+             likewise, and the largest logit difference between the two (a module from before
+             the squares: every norm makes its pass over x)
 
 Random bf16 weights. Writes OUT/gemv_ab.json after each measurement (provenance: device,
 versions, git SHA, date, the baseline module and its sha256) and prints a table last.
@@ -31,6 +34,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import importlib
+import inspect
 import json
 import statistics
 import sys
@@ -39,6 +43,7 @@ from pathlib import Path
 from unittest import mock
 
 import torch
+import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).parent))
 from engine_bench import LLAMA_8B, TINY, build_hf, median_ms, over_copies, projections  # noqa: E402
@@ -63,13 +68,44 @@ def record(row: dict, times: dict, unit: str) -> None:
         row[f"{label}_{unit}"], row[f"{label}_{unit}_all"] = statistics.median(ts), ts
 
 
+def takes_squares(mod) -> bool:
+    """Whether mod's `project` passes the norm's squares along (gemv.project's squares and
+    norm_squares; modules from before them do not)."""
+    return "norm_squares" in inspect.signature(mod.project).parameters
+
+
+def engine_project(mod):
+    """mod's `project` as native's block calls it; for a module from before the squares, one that
+    takes and ignores them and returns none (its norms make their pass over x)."""
+    if takes_squares(mod):
+        return mod.project
+
+    def project(*args, norm_squares=None, squares=False, **kwargs):
+        y = mod.project(*args, **kwargs)
+        return (y, None) if squares else y
+    return project
+
+
 def with_project(mod, fn):
     """fn, run with mod's `project` as the one native's block calls (a CUDA graph replays what its
     capture ran; off CUDA each forward calls it again)."""
     def run():
-        with mock.patch.object(native_mod, "project", mod.project):
+        with mock.patch.object(native_mod, "project", engine_project(mod)):
             return fn()
     return run
+
+
+def as_in_a_layer(mod, x, folds: tuple) -> dict:
+    """project's extra arguments for mod as a layer of the native engine passes them: a module
+    with the squares takes its norm's from the projection before (here computed in torch, as the
+    kernel sums them) and sums its residual output's for the next."""
+    if not takes_squares(mod):
+        return {}
+    if "norm" in folds:
+        M, K = x.shape
+        pad = -K % gemv.SQUARES_GROUP
+        return {"norm_squares": F.pad(x.float() ** 2, (0, pad)).view(M, -1, gemv.SQUARES_GROUP).sum(-1)}
+    return {"squares": True} if "residual" in folds else {}
 
 
 def projection_ab(modules: dict, shape: dict, rows, rounds: int, device, dtype, total: int) -> list:
@@ -91,8 +127,11 @@ def projection_ab(modules: dict, shape: dict, rows, rounds: int, device, dtype, 
             row = {"name": name, "folds": "+".join(folds), "N": N, "K": K, "M": M}
             runs = {}
             for label, mod in modules.items():
-                runs[label] = over_copies(lambda w, mod=mod: mod.project(x, w, eps=1e-5, **kw), ws, device)  # tunes, captures
-                got = mod.project(x, ws[0], eps=1e-5, **kw).float()
+                extra = as_in_a_layer(mod, x, folds)
+                runs[label] = over_copies(lambda w, mod=mod, extra=extra: mod.project(x, w, eps=1e-5, **kw, **extra),
+                                          ws, device)  # tunes, captures
+                got = mod.project(x, ws[0], eps=1e-5, **kw, **extra)
+                got = (got[0] if extra.get("squares") else got).float()
                 row[f"{label}_max_rel_err"] = float((got - expected).abs().max() / expected.abs().max())
                 row[f"{label}_config"] = str(getattr(mod.tuner(M, n_out, kw["glu"], K), "best_config", None))
             record(row, alternated(runs, rounds, lambda run: median_ms(run, device, n=5) / copies * 1e3), "us")

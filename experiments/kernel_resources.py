@@ -152,8 +152,15 @@ def gemv_rows(arch: int, shape: dict, names=None, M: int = 9) -> list:
             args = dict(x_ptr=meta(m, K), w_ptr=meta(rows_w, K), y_ptr=meta(m, N), g_ptr=meta(K), r_ptr=meta(m, N),
                         N=N, K=K, eps=1e-5, **flags)
             if kind == "rows":  # the split-K partials and counts (the unsplit tiles leave them unread)
+                # and the squares as a layer past its first passes them: the norms read x's, the
+                # residual projections sum their outputs'
+                groups = -(-K // gemv.SQUARES_GROUP)
                 args.update(p_ptr=meta(1, dtype=torch.float32), c_ptr=meta(1, dtype=torch.int32), M=m,
-                            ROWS=1 << (m - 1).bit_length(), PRECISION="tf32")
+                            ROWS=1 << (m - 1).bit_length(), PRECISION="tf32",
+                            xs_ptr=meta(m, groups, dtype=torch.float32),
+                            s_ptr=meta(m, -(-N // gemv.SQUARES_GROUP), dtype=torch.float32),
+                            NORM_SQUARES=triton.next_power_of_2(groups) if flags["NORM"] else 0,
+                            SQUARES=flags["RESIDUAL"])
             for config in gemv._k_fits(tuner.configs, {"K": K}):  # as the autotuner prunes them
                 row = {"kernel": f"gemv_{kind}", "projection": name, "N": N, "K": K, **config.kwargs,
                        "num_warps": config.num_warps, "num_stages": config.num_stages}

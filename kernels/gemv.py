@@ -33,6 +33,16 @@ slice order (the same sum whichever program is last), applies the folds and rese
 count to zero. The counts are one buffer per device, kept (zero between launches), so that
 a launch allocates no zeroed memory: a memset would be a launch of its own.
 
+Norms from squares (rows kernel). The norm's rstd needs the whole of each row of x, so every
+program of the rows kernel reads all M rows of x for it, each split-K slice too: at 9 rows
+the 8B shape's wqkv in 64-wide tiles and 4 slices makes 384 programs read 72 KB each, 28 MB
+through the SMs beside the weights' 50 MB. The residual projections write what the next norm
+reads (the residual stream), so their epilogue also sums the squares of its rounded outputs by
+GROUP = 16 columns into fp32 [M, N / 16] (`project`'s squares=True), and the next norm takes
+its rstd from those (norm_squares: 1 KB a row at K = 4096) instead of a pass. The rstd then
+differs from the pass's in the order of its fp32 sum only. The one-row kernel keeps its pass
+(one row: 8 KB).
+
 Letters: M input rows, K input width, N output width (H per half with glu).
 """
 
@@ -51,6 +61,11 @@ try:
     from .pdl import launch_options, wait_and_release
 except ImportError:  # CPU installs without triton: project() runs the torch composition
     triton = None
+
+
+# A residual projection may also return its output's squares summed by this many columns
+# (`project`'s squares), for the next projection's norm (norm_squares).
+SQUARES_GROUP = 16
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -72,6 +87,7 @@ def reference(x, w, b=None, *, norm=None, eps=1e-6, glu=False, residual=None):
 
 
 if triton is not None:
+    GROUP = tl.constexpr(SQUARES_GROUP)
     _CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk, "LOOP_STAGES": 0}, num_warps=w, num_stages=3)
                 for bn in (4, 8, 16) for bk in (256, 512) for w in (4, 8)]
     # Twice the bytes a program has in flight at a step, for K a multiple of 1024 (`tuner`): the
@@ -101,6 +117,21 @@ if triton is not None:
         for k0 in tl.static_range(0, K, BLOCK_K):
             v = tl.load(x_ptr + k0 + x_off, mask=_in_k(x_ok, k0 + cols, K, BLOCK_K), other=0.0).to(tl.float32)
             ss += v * v
+        return tl.rsqrt(tl.sum(ss, axis=1) / K + eps)
+
+    @triton.jit
+    def _rstd_from_squares(s_ptr, rm, m_ok, K: tl.constexpr, eps, WIDTH: tl.constexpr):
+        # s: [M, cdiv(K, GROUP)] the squares of x's rows summed by GROUP columns (a projection's
+        # SQUARES; WIDTH: a power of two at least that wide), rm: [16] rows (m_ok: real ones)
+        # -> rstd: [16], as _rstd's from x itself. In [16, 64] loads, unrolled: one [16, 256]
+        # fp32 tile (the 8B shape's) held 32 registers a thread beside the pipeline's.
+        CHUNK: tl.constexpr = 64 if WIDTH > 64 else WIDTH
+        n_groups: tl.constexpr = (K + GROUP - 1) // GROUP
+        ss = tl.zeros((16, CHUNK), tl.float32)
+        for c0 in tl.static_range(0, WIDTH, CHUNK):
+            groups = c0 + tl.arange(0, CHUNK)  # [CHUNK], past cdiv(K, GROUP) masked
+            ss += tl.load(s_ptr + rm[:, None] * n_groups + groups[None, :],
+                          mask=m_ok[:, None] & (groups < n_groups)[None, :], other=0.0)
         return tl.rsqrt(tl.sum(ss, axis=1) / K + eps)
 
     @triton.jit
@@ -217,12 +248,13 @@ if triton is not None:
 
     # Tuned per power-of-two bucket of rows (ROWS: 2, 4, 8, 16; the tiles pad to 16 anyway), not
     # per row count: a sweep over q = 1 .. 16 then tunes 4 times a projection, not 15.
-    _ROWS_KEY = ["ROWS", "N", "K", "NORM", "GLU", "RESIDUAL"]
+    _ROWS_KEY = ["ROWS", "N", "K", "NORM", "GLU", "RESIDUAL", "NORM_SQUARES", "SQUARES"]
 
     @triton.jit
-    def _rows_epilogue(acc, acc_up, r, y_ptr, rm, rn, mn_ok, N, GLU: tl.constexpr, RESIDUAL: tl.constexpr):
+    def _rows_epilogue(acc, acc_up, r, y_ptr, s_ptr, pid, rm, rn, m_ok, mn_ok, N, GLU: tl.constexpr,
+                       RESIDUAL: tl.constexpr, SQUARES: tl.constexpr, BLOCK_N: tl.constexpr):
         # acc, acc_up: [16, BLOCK_N] fp32 sums of columns rn for rows rm, r: the residual tile
-        # (RESIDUAL) -> y (the folds applied)
+        # (RESIDUAL) -> y (the folds applied); SQUARES: y's squares summed by GROUP columns -> s
         dtype = y_ptr.dtype.element_ty
         y = acc.to(dtype).to(tl.float32)  # rounded like F.linear's output
         if GLU:
@@ -230,14 +262,26 @@ if triton is not None:
             y = (y * tl.sigmoid(y)).to(dtype).to(tl.float32) * up
         if RESIDUAL:
             y = y.to(dtype).to(tl.float32) + r.to(tl.float32)
-        tl.store(y_ptr + rm[:, None] * N + rn[None, :], y.to(dtype), mask=mn_ok)
+        y = y.to(dtype)
+        tl.store(y_ptr + rm[:, None] * N + rn[None, :], y, mask=mn_ok)
+        if SQUARES:  # s: [M, cdiv(N, GROUP)] fp32, this tile's BLOCK_N / GROUP groups of each row
+            v = tl.where(mn_ok, y.to(tl.float32), 0.0)
+            sq = tl.sum(tl.reshape(v * v, (16, BLOCK_N // GROUP, GROUP)), axis=2)  # [16, BLOCK_N / GROUP]
+            groups = pid * (BLOCK_N // GROUP) + tl.arange(0, BLOCK_N // GROUP)
+            n_groups = (N + GROUP - 1) // GROUP
+            tl.store(s_ptr + rm[:, None] * n_groups + groups[None, :], sq,
+                     mask=m_ok[:, None] & (groups < n_groups)[None, :])
 
     @triton.jit
-    def _rows_kernel_fn(x_ptr, w_ptr, y_ptr, g_ptr, r_ptr, p_ptr, c_ptr, M, ROWS, N, K: tl.constexpr, eps,
-                        PRECISION: tl.constexpr, NORM: tl.constexpr, GLU: tl.constexpr, RESIDUAL: tl.constexpr,
-                        PDL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
+    def _rows_kernel_fn(x_ptr, w_ptr, y_ptr, g_ptr, r_ptr, p_ptr, c_ptr, xs_ptr, s_ptr, M, ROWS, N,
+                        K: tl.constexpr, eps, PRECISION: tl.constexpr, NORM: tl.constexpr, GLU: tl.constexpr,
+                        RESIDUAL: tl.constexpr, NORM_SQUARES: tl.constexpr, SQUARES: tl.constexpr, PDL: tl.constexpr,
+                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
         # x: [M <= 16, K], w: [N, K] (GLU: [2N, K]), y, r: [M, N], g: [K]; K % (SPLIT_K BLOCK_K)
         # == 0 with SPLIT_K > 1 (_k_fits), else any K (_in_k); ROWS: the autotuner's key only.
+        # NORM_SQUARES > 0: the norm's rstd from xs [M, cdiv(K, GROUP)], x's squares summed by
+        # GROUP columns (a power of two >= cdiv(K, GROUP), their tile's width), not from a pass
+        # over x; SQUARES: y's -> s [M, cdiv(N, GROUP)], for the next projection's norm.
         # Grid (column tiles, SPLIT_K). With SPLIT_K > 1, p: [SPLIT_K, M, N] fp32 partials (GLU:
         # [SPLIT_K, 2, M, N]) and c: [column tiles] int32, zero. The rows padded to 16 for one
         # tensor-core product a tile.
@@ -278,7 +322,10 @@ if triton is not None:
                     # keeps BLOCK_K: 5 loads, and 256 would mask a third of the last.
                     PASS_K: tl.constexpr = 256 if BLOCK_K < 256 and K % 256 == 0 else BLOCK_K
                     cols = tl.arange(0, PASS_K)[None, :]
-                    rstd = _rstd(x_ptr, rm[:, None] * K + cols, x_ok, cols, K, eps, PASS_K)[:, None]
+                    if NORM_SQUARES > 0:
+                        rstd = _rstd_from_squares(xs_ptr, rm, m_ok, K, eps, NORM_SQUARES)[:, None]
+                    else:
+                        rstd = _rstd(x_ptr, rm[:, None] * K + cols, x_ok, cols, K, eps, PASS_K)[:, None]
             x = _x_tile(x_ptr + k0, g_ptr + k0, x_off, rk[None, :], x_ok, k0 + rk[None, :], rstd, NORM, K, BLOCK_K,
                         dtype)  # [16, BLOCK_K]
             w_ok = _in_k(n_ok[:, None], k0 + rk[None, :], K, BLOCK_K)
@@ -288,7 +335,7 @@ if triton is not None:
                 up = tl.load(w_ptrs + N * K + k0, mask=w_ok, other=0.0, eviction_policy="evict_first")
                 acc_up += tl.dot(x, tl.trans(up), input_precision=PRECISION)
         if SPLIT_K == 1:
-            _rows_epilogue(acc, acc_up, r, y_ptr, rm, rn, mn_ok, N, GLU, RESIDUAL)
+            _rows_epilogue(acc, acc_up, r, y_ptr, s_ptr, pid, rm, rn, m_ok, mn_ok, N, GLU, RESIDUAL, SQUARES, BLOCK_N)
         else:
             part = p_ptr + rm[:, None] * N + rn[None, :]  # [16, BLOCK_N] in slice 0, gate half
             slice_size = M * N
@@ -308,7 +355,8 @@ if triton is not None:
                     acc += tl.load(part + s * slice_size, mask=mn_ok, other=0.0, cache_modifier=".cg")
                     if GLU:
                         acc_up += tl.load(part + s * slice_size + M * N, mask=mn_ok, other=0.0, cache_modifier=".cg")
-                _rows_epilogue(acc, acc_up, r, y_ptr, rm, rn, mn_ok, N, GLU, RESIDUAL)
+                _rows_epilogue(acc, acc_up, r, y_ptr, s_ptr, pid, rm, rn, m_ok, mn_ok, N, GLU, RESIDUAL, SQUARES,
+                               BLOCK_N)
 
     def _k_fits(configs, named_args, **kwargs):
         # the configurations whose slices tile K (K % (SPLIT_K BLOCK_K) == 0); the unsplit ones
@@ -371,18 +419,28 @@ def supported(x: torch.Tensor, w: torch.Tensor) -> bool:
 
 def project(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor] = None, *,
             norm: Optional[torch.Tensor] = None, eps: float = 1e-6, glu: bool = False,
-            residual: Optional[torch.Tensor] = None, kernel: bool = True) -> torch.Tensor:
+            residual: Optional[torch.Tensor] = None, kernel: bool = True,
+            norm_squares: Optional[torch.Tensor] = None, squares: bool = False):
     """x: [..., K], w: [N, K] (glu: [2H, K]), norm: [K] gamma, residual: [..., N] ->
     [..., N] (glu: [..., H]). The Triton kernel where `kernel` and `supported`, for 1 to 16 rows
     with any of the folds (gamma and the residual in x's dtype, the residual of y's shape: no
-    broadcasting); else `reference`, which a bias always takes."""
+    broadcasting); else `reference`, which a bias always takes.
+
+    The norm's rstd needs the whole of each row of x, so every program of the rows kernel makes
+    a pass over x first (M K elements from L2, its split-K slices included). A layer's residual
+    projections can hand the next norm that sum instead: squares=True returns (y, s), s [M,
+    cdiv(N, SQUARES_GROUP)] fp32 the squares of y's (rounded) entries summed by SQUARES_GROUP
+    columns, written by the rows kernel's epilogue, or None where the rows kernel did not run
+    (one row, the torch composition); norm_squares: x's s, from which the rows kernel then takes
+    the norm's rstd (its sum in another order: the fp32 sums' order is all that differs)."""
     *lead, K = x.shape
     M = x.numel() // K
     N = w.shape[0] // 2 if glu else w.shape[0]
     folds_fit = ((norm is None or (norm.dtype == x.dtype and norm.is_contiguous()))
                  and (residual is None or (residual.dtype == x.dtype and tuple(residual.shape) == (*lead, N))))
     if not (kernel and b is None and folds_fit and supported(x, w)):
-        return reference(x, w, b, norm=norm, eps=eps, glu=glu, residual=residual)
+        y = reference(x, w, b, norm=norm, eps=eps, glu=glu, residual=residual)
+        return (y, None) if squares else y
     x2 = x.reshape(M, K)
     if not x2.is_contiguous():
         x2 = x2.contiguous()
@@ -393,9 +451,9 @@ def project(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor] = None, 
     pdl = launch_options(x.device, M)
     folds = dict(NORM=norm is not None, GLU=glu, RESIDUAL=residual is not None, PDL=bool(pdl), **pdl)
     kernel = tuner(M, N, glu, K)
-    if M == 1:
+    if M == 1:  # the one-row kernel's pass reads 1 row of x: it neither takes nor gives squares
         kernel[grid](x2, w, y, g, r, N, K, eps, **folds)
-        return y.view(*lead, N)
+        return (y.view(*lead, N), None) if squares else y.view(*lead, N)
     # fp32: full-precision products, not tl.dot's default TF32
     precision = "ieee" if x.dtype == torch.float32 else "tf32"
     rows = 1 << (M - 1).bit_length()  # the bucket: 2, 4, 8 or 16
@@ -404,8 +462,17 @@ def project(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor] = None, 
         counts = split_counts(x.device, triton.cdiv(N, 16))  # the narrowest tile's count of column tiles
     else:  # pointers left unread
         parts = counts = y
-    kernel[grid](x2, w, y, g, r, parts, counts, M, rows, N, K, eps, precision, **folds)
-    return y.view(*lead, N)
+    width, xs = 0, y  # (y: a pointer left unread)
+    if norm is not None and norm_squares is not None:
+        groups = triton.cdiv(K, SQUARES_GROUP)
+        if norm_squares.shape != (M, groups) or norm_squares.dtype != torch.float32 or not norm_squares.is_contiguous():
+            raise ValueError(f"norm_squares: {tuple(norm_squares.shape)} {norm_squares.dtype}, not [{M}, {groups}] "
+                             "contiguous float32 (x's squares by squares=True)")
+        width, xs = triton.next_power_of_2(groups), norm_squares
+    s = torch.empty(M, triton.cdiv(N, SQUARES_GROUP), dtype=torch.float32, device=x.device) if squares else y
+    kernel[grid](x2, w, y, g, r, parts, counts, xs, s, M, rows, N, K, eps, precision, NORM_SQUARES=width,
+                 SQUARES=squares, **folds)
+    return (y.view(*lead, N), s) if squares else y.view(*lead, N)
 
 
 def tuner(M: int, N: int, glu: bool, K: int):

@@ -448,7 +448,9 @@ def test_all_kernels_in_cuda_graphs_match_transformers(rows, early, width):
 def test_all_kernels_at_smollm2_widths_in_the_interpreter(monkeypatch):
     """The test above's path on CPU through Triton's interpreter, at SmolLM2-135M's widths (every
     projection's K tiles masked at the end), one row and two: gemv's autotuners, which need a
-    GPU, stand in as one tile each (256-wide K tiles, unsplit); no CUDA graphs on CPU."""
+    GPU, stand in as one tile each (256-wide K tiles, unsplit); no CUDA graphs on CPU. On
+    several rows the residual projections sum their outputs' squares and the norms after them
+    (every one but the first layer's) take their rstd from those, the LM head's included."""
     pytest.importorskip("triton", reason="the dev extra installs triton on Linux")
     from specbench.kernels import gemv
 
@@ -457,7 +459,12 @@ def test_all_kernels_at_smollm2_widths_in_the_interpreter(monkeypatch):
             self.fn, self.config = tuner.fn, config
 
         def __getitem__(self, grid):
-            return lambda *args, **kwargs: self.fn[grid(self.config)](*args, **kwargs, **self.config)
+            def launch(*args, **kwargs):
+                calls.append(kwargs)
+                return self.fn[grid(self.config)](*args, **kwargs, **self.config)
+            return launch
+
+    calls = []
 
     one_row = OneTile(gemv._vector_kernel, BLOCK_N=8, BLOCK_K=256, LOOP_STAGES=0)
     rows_ = OneTile(gemv._rows_kernel, BLOCK_N=16, BLOCK_K=256, SPLIT_K=1)
@@ -468,6 +475,11 @@ def test_all_kernels_at_smollm2_widths_in_the_interpreter(monkeypatch):
         _all_kernels_match_transformers(rows, 576, vocab=256)
     assert {K for _, K in launched} == {576, 1536}  # every projection: wqkv, wo, w13 and the head; w2
     assert {M for M, _ in launched} >= {1, 2, 4, 8}  # decode at 1 and 2 rows, chains of 4 at 1 and 2 rows
+    rows_calls = [c for c in calls if "SQUARES" in c]  # the rows kernel's (the one-row kernel takes none)
+    norms = [c for c in rows_calls if c["NORM"]]
+    # 2 layers a forward: wqkv's norm from the squares but in layer 0, w13's always, the head's too
+    assert sum(c["NORM_SQUARES"] > 0 for c in norms) == 4 * len(norms) // 5
+    assert all(c["SQUARES"] == c["RESIDUAL"] for c in rows_calls)
 
 
 def _all_kernels_match_transformers(rows, width=512, vocab=1000):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 triton = pytest.importorskip("triton", reason="the dev extra installs triton on Linux")
 from specbench.kernels import gemv  # noqa: E402
@@ -39,11 +40,14 @@ def _case(fold: str, M: int, K: int = 512, N: int = 40, seed: int = 0):
     return x.to(DEVICE), w.to(DEVICE), {k: v.to(DEVICE) if torch.is_tensor(v) else v for k, v in kw.items()}
 
 
-def _launch(x, w, kw, split_k: int = 1, counts=None, block_k: int = 0, loop_stages: int = 0):
+def _launch(x, w, kw, split_k: int = 1, counts=None, block_k: int = 0, loop_stages: int = 0, block_n: int = 16,
+            norm_squares=None, squares: bool = False):
     """The kernels at fixed tiles (the interpreter has no autotuner); y as project() returns it.
     split_k > 1: the rows kernel with K in that many slices, over `counts` (zeros if None);
     block_k: the K tile (0: 256 for the one-row kernel, 128 for the rows kernel); loop_stages:
-    the one-row kernel's (0: its plain loop, else tl.range's software pipeline)."""
+    the one-row kernel's (0: its plain loop, else tl.range's software pipeline); block_n: the
+    rows kernel's column tile; norm_squares, squares: the rows kernel's, as project() passes
+    them (squares: returns (y, s))."""
     M, K = x.shape
     N = w.shape[0] // 2 if kw.get("glu") else w.shape[0]
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
@@ -56,9 +60,14 @@ def _launch(x, w, kw, split_k: int = 1, counts=None, block_k: int = 0, loop_stag
     else:
         parts = torch.full((split_k * 2 * M * N,), float("nan"), device=x.device)  # each slot written before read
         counts = torch.zeros(triton.cdiv(N, 16), dtype=torch.int32, device=x.device) if counts is None else counts
-        gemv._rows_kernel.fn[(triton.cdiv(N, 16), split_k)](
-            x, w, y, kw.get("norm", x), r, parts, counts, M, 16, N, K, 1e-5, "ieee", **folds, PDL=False,
-            BLOCK_N=16, BLOCK_K=block_k or 128, SPLIT_K=split_k)
+        s = torch.full((M, triton.cdiv(N, gemv.SQUARES_GROUP)), float("nan"), device=x.device)
+        width = triton.next_power_of_2(triton.cdiv(K, gemv.SQUARES_GROUP)) if norm_squares is not None else 0
+        gemv._rows_kernel.fn[(triton.cdiv(N, block_n), split_k)](
+            x, w, y, kw.get("norm", x), r, parts, counts, y if norm_squares is None else norm_squares, s, M, 16, N,
+            K, 1e-5, "ieee", **folds, NORM_SQUARES=width, SQUARES=squares, PDL=False, BLOCK_N=block_n,
+            BLOCK_K=block_k or 128, SPLIT_K=split_k)
+        if squares:
+            return y, s
     return y
 
 
@@ -127,6 +136,56 @@ def test_split_k_matches_the_unsplit_kernel_and_leaves_its_counts_zero(fold, spl
         got = _launch(x, w, kw, split_k=split_k, counts=counts)
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
         assert counts.eq(0).all()
+
+
+def _squares(y):
+    """y [M, N] -> its squares summed by gemv.SQUARES_GROUP columns [M, cdiv(N, GROUP)], in torch."""
+    pad = -y.shape[-1] % gemv.SQUARES_GROUP
+    return F.pad(y.float() ** 2, (0, pad)).view(y.shape[0], -1, gemv.SQUARES_GROUP).sum(-1)
+
+
+@pytest.mark.parametrize("fold", ["residual", "plain"])
+@pytest.mark.parametrize("block_n, split_k", [(16, 1), (32, 1), (32, 2)])
+def test_rows_kernel_sums_its_output_squares_by_group(fold, block_n, split_k):
+    """squares=True: y's squares summed by 16 columns, one sum per (row, group), written by the
+    epilogue (the split tile's last program's included). N = 40: 3 groups, the last one 8 wide, the
+    second tile of 32 columns reaching 24 past N (masked to nothing). fp32, relative 1e-5: a
+    group left out or summed twice moves a row's sum by about a third."""
+    x, w, kw = _case(fold, M=9)
+    y, s = _launch(x, w, kw, split_k=split_k, block_n=block_n, squares=True)
+    torch.testing.assert_close(y, gemv.reference(x, w, eps=1e-5, **kw), rtol=1e-5, atol=1e-5 * y.abs().max().item())
+    assert s.shape == (9, 3)
+    torch.testing.assert_close(s, _squares(y), rtol=1e-5, atol=0)
+
+
+@pytest.mark.parametrize("fold", ["norm", "glu"])
+@pytest.mark.parametrize("K", [512, 576, 96])
+def test_norm_from_squares_is_the_norm_from_a_pass(fold, K):
+    """norm_squares: the rstd from x's squares by group (K = 512: 32 groups; SmolLM2's 576: 36,
+    read in a 64-wide tile; 96: 6 in 8), not from a pass over x. fp32: relative 1e-5 of the torch
+    composition (an rstd from squares of other rows, or of too few groups, misses it by far)."""
+    x, w, kw = _case(fold, M=9, K=K)
+    expected = gemv.reference(x, w, eps=1e-5, **kw)
+    got = _launch(x, w, kw, norm_squares=_squares(x), block_k=128 if K % 128 == 0 else 256)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
+    wrong = _squares(x).roll(1, 0)  # another row's squares
+    got = _launch(x, w, kw, norm_squares=wrong, block_k=128 if K % 128 == 0 else 256)
+    assert not torch.allclose(got, expected, rtol=1e-3, atol=1e-3 * expected.abs().max().item())
+
+
+def test_a_residual_projections_squares_feed_the_next_norm_in_fp16():
+    """As a layer chains them: wo's residual output and its squares, then w13's norm from those.
+    fp16, where the norm's rounding points show (test_kernels_round_where_the_torch_composition_rounds):
+    the chain differs from the torch composition's only where the sums' order tips a rounding."""
+    o, wo, kw = _case("residual", M=9, K=256, N=512)
+    _, w13, kw13 = _case("glu", M=9, K=512, N=64, seed=1)
+    o, wo, w13 = o.half(), wo.half(), w13.half()
+    r, gamma = kw["residual"].half(), kw13["norm"].half()
+    x, s = _launch(o, wo, {"residual": r}, squares=True)
+    got = _launch(x, w13, {"norm": gamma, "glu": True}, norm_squares=s)
+    expected = gemv.reference(gemv.reference(o, wo, residual=r), w13, norm=gamma, glu=True, eps=1e-5)
+    assert (got != expected).float().mean().item() < 0.01
+    torch.testing.assert_close(got, expected, rtol=2e-3, atol=2e-3 * expected.abs().max().item())
 
 
 def test_split_k_off_picks_the_unsplit_tuner_and_restores():
@@ -286,8 +345,9 @@ def test_rows_kernel_starts_its_pipeline_before_the_norm_pass(tmp_path):
     """Compiled for sm_90 offline (experiments/kernel_resources.py, no GPU): in every rows-kernel
     configuration of the two projections with a norm fold (wqkv; w13 with SwiGLU), the software
     pipeline's first asynchronous copies are the first global loads in the PTX, so that the
-    first weight tiles stream in while the norm's pass over x runs. Before 2026-12-05 a peeled
-    first step and the pass came first: 35 to 89 loads. And the one-row kernel's loop is
+    first weight tiles stream in while the norm's rstd is computed (from the squares of the
+    projection before, as kernel_resources compiles it: every layer but the first). Before
+    2026-12-05 a peeled first step and the pass over x came first: 35 to 89 loads. And the one-row kernel's loop is
     software-pipelined (cp.async) in exactly its LOOP_STAGES configurations."""
     every = _kernel_resources(tmp_path, "--kernels", "gemv", "--projections", "wqkv,w13")
     rows = [r for r in every if r["kernel"] == "gemv_rows"]
