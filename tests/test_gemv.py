@@ -188,6 +188,17 @@ def test_a_residual_projections_squares_feed_the_next_norm_in_fp16():
     torch.testing.assert_close(got, expected, rtol=2e-3, atol=2e-3 * expected.abs().max().item())
 
 
+def test_project_refuses_squares_of_another_shape(monkeypatch):
+    """norm_squares must be x's, [M, cdiv(K, 16)] fp32: squares of a wider or narrower x, or
+    another row count, are a one-line error naming the argument, before any launch."""
+    monkeypatch.setattr(gemv, "supported", lambda x, w: True)  # the rows path, on any device
+    monkeypatch.setattr(gemv, "tuner", lambda M, N, glu, K: gemv._rows_kernel)
+    x, w, kw = _case("norm", M=9)
+    for bad in (torch.zeros(9, 31), torch.zeros(8, 32), torch.zeros(9, 32, dtype=torch.float64)):
+        with pytest.raises(ValueError, match="norm_squares"):
+            gemv.project(x, w, eps=1e-5, norm_squares=bad.to(x.device), **kw)
+
+
 def test_split_k_off_picks_the_unsplit_tuner_and_restores():
     """gemv.split_k(False), as the benchmarks time both ways: the rows kernel's unsplit tuner
     inside the block, the split one again after it; an LM head's width (N > SPLIT_MAX_N) and a
