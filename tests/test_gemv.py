@@ -188,6 +188,13 @@ def test_a_residual_projections_squares_feed_the_next_norm_in_fp16():
     torch.testing.assert_close(got, expected, rtol=2e-3, atol=2e-3 * expected.abs().max().item())
 
 
+def test_every_rows_tile_holds_whole_squares_groups():
+    """The epilogue sums a tile's squares by gemv.SQUARES_GROUP columns (a reshape of the tile):
+    every column tile the rows tuners may pick is a multiple of it."""
+    configs = gemv._ROWS_CONFIGS + gemv._SPLIT_CONFIGS
+    assert all(c.kwargs["BLOCK_N"] % gemv.SQUARES_GROUP == 0 for c in configs)
+
+
 def test_project_refuses_squares_of_another_shape(monkeypatch):
     """norm_squares must be x's, [M, cdiv(K, 16)] fp32: squares of a wider or narrower x, or
     another row count, are a one-line error naming the argument, before any launch."""
