@@ -203,12 +203,15 @@ def verify_curve(native, ctx: int, device, compile: bool, qs, steps: int, kernel
                  dynamic: Optional[bool] = False) -> dict:
     """t(q): one forward of q chain positions at batch 1 over ctx cached tokens. dynamic: the
     engine's compile_dynamic (False: each q compiled on its own; None: dynamo's default, q
-    symbolic from the second q on, so t(1) alone is specialised)."""
+    symbolic from the second q on, so t(1) alone is specialised). The tokens live on the device,
+    as part a's decode token does. Until 2026-12-07 they came from the host: `forward`'s blocking
+    copy to the device synchronises the stream, so each step also paid the wait for the step
+    before and the launch of its own replay."""
     engine = NativeEngine(native, 1, ctx + max(qs) + 8, compile=compile, kernels=kernels, compile_dynamic=dynamic)
     engine.prefill(0, torch.randint(0, native.s.vocab_size, (ctx,), device=device))
     times = {}
     for q in qs:
-        tokens = torch.randint(0, native.s.vocab_size, (1, q))
+        tokens = torch.randint(0, native.s.vocab_size, (1, q), device=device)
         times[q] = median_ms(lambda: engine.forward(tokens), device, n=steps)  # lengths unchanged: same ctx
         print(f"    t({q}) at context {ctx}: {times[q]:.3f} ms", flush=True)  # in the log if a limit cuts the curve
     return times
@@ -224,7 +227,7 @@ def memory_batch48(native, ctx: int, device, rows: int, steps: int, compile: boo
         for layer in cache:
             layer.normal_()
     engine.lengths.fill_(ctx)
-    tokens = torch.randint(0, native.s.vocab_size, (rows, 1))
+    tokens = torch.randint(0, native.s.vocab_size, (rows, 1), device=device)  # on the device, as part a's
     ms = median_ms(lambda: engine.forward(tokens), device, n=steps)
     out = {"rows": rows, "ctx": ctx, "step_ms": ms, "tokens_per_s": rows / (ms / 1e3),
            "kv_cache_gb": 2 * engine.cache_k.numel() * engine.cache_k.element_size() / 1e9,
@@ -252,7 +255,7 @@ def attention_crossover(native, device, ctxs, batches, steps: int) -> list:
                     native_mod.FUSED_FROM = threshold
                     engine = NativeEngine(native, B, ctx + 16, kernels=kernels)
                     engine.lengths.fill_(ctx)
-                    tokens = torch.randint(0, native.s.vocab_size, (B, 1))
+                    tokens = torch.randint(0, native.s.vocab_size, (B, 1), device=device)
                     row[name] = median_ms(lambda: engine.forward(tokens), device, n=steps)
                 row["fused_over_matmul"] = row["fused_ms"] / row["matmul_ms"]
                 row["kernel_over_best"] = row["kernel_ms"] / min(row["fused_ms"], row["matmul_ms"])
