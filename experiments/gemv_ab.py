@@ -43,7 +43,6 @@ from pathlib import Path
 from unittest import mock
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).parent))
 from engine_bench import LLAMA_8B, TINY, build_hf, median_ms, over_copies, projections  # noqa: E402
@@ -102,9 +101,7 @@ def as_in_a_layer(mod, x, folds: tuple) -> dict:
     if not takes_squares(mod):
         return {}
     if "norm" in folds:
-        M, K = x.shape
-        pad = -K % gemv.SQUARES_GROUP
-        return {"norm_squares": F.pad(x.float() ** 2, (0, pad)).view(M, -1, gemv.SQUARES_GROUP).sum(-1)}
+        return {"norm_squares": gemv.squares(x)}
     return {"squares": True} if "residual" in folds else {}
 
 

@@ -154,12 +154,11 @@ def gemv_rows(arch: int, shape: dict, names=None, M: int = 9) -> list:
             if kind == "rows":  # the split-K partials and counts (the unsplit tiles leave them unread)
                 # and the squares as a layer past its first passes them: the norms read x's, the
                 # residual projections sum their outputs'
-                groups = -(-K // gemv.SQUARES_GROUP)
                 args.update(p_ptr=meta(1, dtype=torch.float32), c_ptr=meta(1, dtype=torch.int32), M=m,
                             ROWS=1 << (m - 1).bit_length(), PRECISION="tf32",
-                            xs_ptr=meta(m, groups, dtype=torch.float32),
+                            xs_ptr=meta(m, -(-K // gemv.SQUARES_GROUP), dtype=torch.float32),
                             s_ptr=meta(m, -(-N // gemv.SQUARES_GROUP), dtype=torch.float32),
-                            NORM_SQUARES=triton.next_power_of_2(groups) if flags["NORM"] else 0,
+                            NORM_SQUARES=gemv.squares_width(K) if flags["NORM"] else 0,
                             SQUARES=flags["RESIDUAL"])
             for config in gemv._k_fits(tuner.configs, {"K": K}):  # as the autotuner prunes them
                 row = {"kernel": f"gemv_{kind}", "projection": name, "N": N, "K": K, **config.kwargs,

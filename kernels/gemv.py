@@ -68,6 +68,19 @@ except ImportError:  # CPU installs without triton: project() runs the torch com
 SQUARES_GROUP = 16
 
 
+def squares(y: torch.Tensor) -> torch.Tensor:
+    """In torch, what the rows kernel's epilogue sums with squares=True: y [M, N] -> [M,
+    cdiv(N, SQUARES_GROUP)] fp32, the squares of y's entries summed by SQUARES_GROUP columns."""
+    pad = -y.shape[-1] % SQUARES_GROUP
+    return F.pad(y.float() ** 2, (0, pad)).view(y.shape[0], -1, SQUARES_GROUP).sum(-1)
+
+
+def squares_width(K: int) -> int:
+    """The rows kernel's NORM_SQUARES for x of width K: cdiv(K, SQUARES_GROUP) groups a row, read
+    in a tile of the next power of two."""
+    return 1 << (-(-K // SQUARES_GROUP) - 1).bit_length()
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Llama's RMSNorm: normalised in fp32, scaled in the input dtype."""
     h = x.float()
@@ -426,13 +439,11 @@ def project(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor] = None, 
     with any of the folds (gamma and the residual in x's dtype, the residual of y's shape: no
     broadcasting); else `reference`, which a bias always takes.
 
-    The norm's rstd needs the whole of each row of x, so every program of the rows kernel makes
-    a pass over x first (M K elements from L2, its split-K slices included). A layer's residual
-    projections can hand the next norm that sum instead: squares=True returns (y, s), s [M,
-    cdiv(N, SQUARES_GROUP)] fp32 the squares of y's (rounded) entries summed by SQUARES_GROUP
-    columns, written by the rows kernel's epilogue, or None where the rows kernel did not run
-    (one row, the torch composition); norm_squares: x's s, from which the rows kernel then takes
-    the norm's rstd (its sum in another order: the fp32 sums' order is all that differs)."""
+    Norms from squares (module docstring): squares=True returns (y, s), s [M, cdiv(N,
+    SQUARES_GROUP)] fp32 the squares of y's (rounded) entries summed by SQUARES_GROUP columns
+    (`squares` in torch), written by the rows kernel's epilogue, or None where the rows kernel
+    did not run (one row, the torch composition); norm_squares: x's s, from which the rows
+    kernel then takes the norm's rstd instead of its pass over x."""
     *lead, K = x.shape
     M = x.numel() // K
     N = w.shape[0] // 2 if glu else w.shape[0]
@@ -468,7 +479,7 @@ def project(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor] = None, 
         if norm_squares.shape != (M, groups) or norm_squares.dtype != torch.float32 or not norm_squares.is_contiguous():
             raise ValueError(f"norm_squares: {tuple(norm_squares.shape)} {norm_squares.dtype}, not [{M}, {groups}] "
                              "contiguous float32 (x's squares by squares=True)")
-        width, xs = triton.next_power_of_2(groups), norm_squares
+        width, xs = squares_width(K), norm_squares
     s = torch.empty(M, triton.cdiv(N, SQUARES_GROUP), dtype=torch.float32, device=x.device) if squares else y
     kernel[grid](x2, w, y, g, r, parts, counts, xs, s, M, rows, N, K, eps, precision, NORM_SQUARES=width,
                  SQUARES=squares, **folds)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 triton = pytest.importorskip("triton", reason="the dev extra installs triton on Linux")
 from specbench.kernels import gemv  # noqa: E402
@@ -61,7 +60,7 @@ def _launch(x, w, kw, split_k: int = 1, counts=None, block_k: int = 0, loop_stag
         parts = torch.full((split_k * 2 * M * N,), float("nan"), device=x.device)  # each slot written before read
         counts = torch.zeros(triton.cdiv(N, 16), dtype=torch.int32, device=x.device) if counts is None else counts
         s = torch.full((M, triton.cdiv(N, gemv.SQUARES_GROUP)), float("nan"), device=x.device)
-        width = triton.next_power_of_2(triton.cdiv(K, gemv.SQUARES_GROUP)) if norm_squares is not None else 0
+        width = gemv.squares_width(K) if norm_squares is not None else 0
         gemv._rows_kernel.fn[(triton.cdiv(N, block_n), split_k)](
             x, w, y, kw.get("norm", x), r, parts, counts, y if norm_squares is None else norm_squares, s, M, 16, N,
             K, 1e-5, "ieee", **folds, NORM_SQUARES=width, SQUARES=squares, PDL=False, BLOCK_N=block_n,
@@ -138,12 +137,6 @@ def test_split_k_matches_the_unsplit_kernel_and_leaves_its_counts_zero(fold, spl
         assert counts.eq(0).all()
 
 
-def _squares(y):
-    """y [M, N] -> its squares summed by gemv.SQUARES_GROUP columns [M, cdiv(N, GROUP)], in torch."""
-    pad = -y.shape[-1] % gemv.SQUARES_GROUP
-    return F.pad(y.float() ** 2, (0, pad)).view(y.shape[0], -1, gemv.SQUARES_GROUP).sum(-1)
-
-
 @pytest.mark.parametrize("fold", ["residual", "plain"])
 @pytest.mark.parametrize("block_n, split_k", [(16, 1), (32, 1), (32, 2)])
 def test_rows_kernel_sums_its_output_squares_by_group(fold, block_n, split_k):
@@ -155,7 +148,7 @@ def test_rows_kernel_sums_its_output_squares_by_group(fold, block_n, split_k):
     y, s = _launch(x, w, kw, split_k=split_k, block_n=block_n, squares=True)
     torch.testing.assert_close(y, gemv.reference(x, w, eps=1e-5, **kw), rtol=1e-5, atol=1e-5 * y.abs().max().item())
     assert s.shape == (9, 3)
-    torch.testing.assert_close(s, _squares(y), rtol=1e-5, atol=0)
+    torch.testing.assert_close(s, gemv.squares(y), rtol=1e-5, atol=0)
 
 
 @pytest.mark.parametrize("fold", ["norm", "glu"])
@@ -166,9 +159,9 @@ def test_norm_from_squares_is_the_norm_from_a_pass(fold, K):
     composition (an rstd from squares of other rows, or of too few groups, misses it by far)."""
     x, w, kw = _case(fold, M=9, K=K)
     expected = gemv.reference(x, w, eps=1e-5, **kw)
-    got = _launch(x, w, kw, norm_squares=_squares(x), block_k=128 if K % 128 == 0 else 256)
+    got = _launch(x, w, kw, norm_squares=gemv.squares(x), block_k=128 if K % 128 == 0 else 256)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
-    wrong = _squares(x).roll(1, 0)  # another row's squares
+    wrong = gemv.squares(x).roll(1, 0)  # another row's squares
     got = _launch(x, w, kw, norm_squares=wrong, block_k=128 if K % 128 == 0 else 256)
     assert not torch.allclose(got, expected, rtol=1e-3, atol=1e-3 * expected.abs().max().item())
 
