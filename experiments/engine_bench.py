@@ -26,6 +26,7 @@ import statistics
 import sys
 import time
 import traceback
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Optional
 
@@ -33,6 +34,7 @@ import torch
 
 from specbench import provenance
 from specbench.engines.native import NativeEngine, Transformer
+from specbench.kernels import attention as attention_mod
 from specbench.kernels import pdl as pdl_mod
 
 LLAMA_8B = dict(
@@ -217,6 +219,25 @@ def verify_curve(native, ctx: int, device, compile: bool, qs, steps: int, kernel
     return times
 
 
+@contextmanager
+def attention_rows(block_m: Optional[int]):
+    """The attention kernel's query rows a program (BLOCK_M) forced for forwards of more than one
+    row inside the block, in place of launch_shape's heuristic; None leaves the heuristic.
+    Engines built inside the block capture it."""
+    heuristic = attention_mod.launch_shape
+
+    def forced(B, q, *args, **kwargs):
+        if block_m and B * q > 1 and kwargs.get("block_m") is None:
+            kwargs["block_m"] = block_m
+        return heuristic(B, q, *args, **kwargs)
+
+    attention_mod.launch_shape = forced
+    try:
+        yield
+    finally:
+        attention_mod.launch_shape = heuristic
+
+
 def memory_batch48(native, ctx: int, device, rows: int, steps: int, compile: bool, kernels: bool = False) -> dict:
     """rows requests at ctx tokens each: the cache allocated, filled with random values (not
     zeros), and one decode step for all rows."""
@@ -293,11 +314,18 @@ def main(argv=None) -> int:
     ap.add_argument("--dynamic", default="false",
                     help="b's compiled curves: engine.compile_dynamic, a list of false (each q compiled on its own), "
                          "auto (dynamo's default) and true")
+    ap.add_argument("--attention-block-m", default="",
+                    help="with --kernels: b also times each curve with the attention kernel's BLOCK_M forced to "
+                         "each of these (a list of 16, 32, 64) where a forward has more than one row")
     ap.add_argument("--b-without-kernels", action="store_true",
                     help="with --kernels: b also times each curve without them (compiled layers, as the runner's rows ran)")
     args = ap.parse_args(argv)
     if set(args.dynamic.split(",")) - set(DYNAMIC):
         ap.error(f"--dynamic={args.dynamic}: valid: {', '.join(DYNAMIC)}")
+    block_ms = [int(v) for v in args.attention_block_m.split(",") if v.strip().isdigit()]
+    if args.attention_block_m and (len(block_ms) != len(args.attention_block_m.split(","))
+                                   or set(block_ms) - {16, 32, 64} or not args.kernels):
+        ap.error(f"--attention-block-m={args.attention_block_m}: a list of 16, 32, 64, with --kernels")
     kernels = args.kernels
     parts = set(args.parts.split(","))
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -350,6 +378,11 @@ def main(argv=None) -> int:
                 attempt(results, f"verify_ctx{c}" + ("" if name == "false" else f"_dynamic_{name}"),
                         lambda: verify_curve(native, c, device, not kernels, qs, max(steps // 2, 1), kernels,
                                              DYNAMIC[name]), args.out)
+            for block_m in block_ms:
+                def curve():
+                    with attention_rows(block_m):
+                        return verify_curve(native, c, device, False, qs, max(steps // 2, 1), True)
+                attempt(results, f"verify_ctx{c}_block_m{block_m}", curve, args.out)
             if kernels and args.b_without_kernels:
                 attempt(results, f"verify_ctx{c}_torch",
                         lambda: verify_curve(native, c, device, True, qs, max(steps // 2, 1)), args.out)

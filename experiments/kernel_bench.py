@@ -19,8 +19,9 @@ list either): the same at B in {1, 8} x q in {1, 9} x S in {512, 4096}, over the
 prefix split takes (min_blocks 1, 2, 4, 8) and the partials the merge folds a step (unroll).
 attention_tiles (nor this): B = 1, q in {1, 9}, S in {512, 4096}, over the query rows a program
 takes (BLOCK_M 16, 32, 64: at q = 9 the 36 rows of a kv head in 3, 2 or 1 tiles) and its warps
-(4, 8). Compiled offline for sm_90 (results/2026-12-05-cpu-launch-specialized), the default at
-q = 9, BLOCK_M 64 with 4 warps, takes 255 registers and spills 32 bytes; 32 rows take 192.
+(4, 8). Compiled offline for sm_90 (results/2026-12-05-cpu-launch-specialized), BLOCK_M 64 with
+4 warps, at q = 9 the heuristic's until 2026-12-07 (since then at S = 4096 only: a short cache
+tiles by 16), takes 255 registers and spills 32 bytes; 32 rows take 192.
 
 Inputs. p = softmax(3 z), q = softmax(3 z') with independent Gaussian z, z' per position; a
 draft is the argmax of p with probability 0.7, else a draw from q. So greedy accepts about 0.7
@@ -90,7 +91,7 @@ GRID_T = (1024, 4096)
 ATTENTION = dict(heads=32, kv_heads=8, head_dim=128)
 GRID_ATTENTION = [(B, q, S) for S in (512, 4096) for B in (1, 8, 48) for q in (1, 9)]
 # (q, BLOCK_M) over S in (512, 4096) at B = 1, each with 4 and 8 warps; BLOCK_M None: the heuristic's
-GRID_ATTENTION_TILES = [(1, None), (9, None), (9, 32), (9, 16)]
+GRID_ATTENTION_TILES = [(1, None), (9, None), (9, 64), (9, 32), (9, 16)]
 # attention_tune: the least blocks a split takes and the partials the merge folds a step, at the
 # batches where the prefix splits (at 48 it does not)
 GRID_ATTENTION_TUNE = [(B, q, S) for S in (512, 4096) for B in (1, 8) for q in (1, 9)]

@@ -84,6 +84,15 @@ SMS_CPU = 132  # what the launch heuristic assumes off CUDA (an H200's SM count)
 # partials. From kernel_bench's attention_tune on an H200 (results/2026-12-04-h200-evening).
 MAX_SPLITS = 8
 MIN_BLOCKS = 2
+# A cache of at most this many keys (B S Hkv hd elements: K and V 8 MB in a 16-bit dtype) is
+# short: its query rows tile by 16, each tile reading all of K and V again, from L2 mostly
+# (50 MB on an H100). 16-row tiles run shorter programs and more of them. On an H100, the 8B
+# shape at batch 1 (results/2026-12-07-h100-attention-tiles): at context 512 (0.57 M keys) one
+# layer's call at 9 positions took 15.9 us with 16-row tiles against 17.7 with one 64-row
+# tile, and the verify forward was 0.04 to 0.21 ms faster at 5 to 16 positions, 0.21 to 0.31
+# ms at 17 to 33; at context 4096 (4.2 M keys, 17 MB of K and V a tile) a call at 9 positions
+# took 27.9 us against 27.3, the forward 0.04 ms slower. Between the two, not measured.
+SHORT_CACHE = 1 << 21
 _SMS: dict = {}  # device index -> SM count
 
 
@@ -413,12 +422,13 @@ def launch_shape(B: int, q: int, S: int, kv_heads: int, G: int, hd: int, sms: in
                  block_s: Optional[int] = None, min_blocks: int = MIN_BLOCKS,
                  max_splits: int = MAX_SPLITS) -> tuple[int, int, int, int]:
     """(splits, BLOCK_M, BLOCK_S, tiles) from shapes only (the grid is (splits + 1, tiles,
-    B * kv_heads)). The G*q query rows of a kv head tile by 16 to 64 (16 is tl.dot's least
-    size); the prefix is split so that about one program runs per SM, into at most max_splits
-    and no more splits than the cache has chunks of min_blocks BLOCK_S blocks (the least a
-    split takes). Given values override the heuristic."""
+    B * kv_heads)). The G*q query rows of a kv head tile by 16 (tl.dot's least size) where the
+    cache is short (SHORT_CACHE), else by up to 64, in as few tiles as that allows. The prefix
+    is split so that about one program runs per SM, into at most max_splits and no more splits
+    than the cache has chunks of min_blocks BLOCK_S blocks (the least a split takes). Given
+    values override the heuristic."""
     M = G * q
-    block_m = block_m or min(64, max(16, _pow2(M)))
+    block_m = block_m or (16 if B * S * kv_heads * hd <= SHORT_CACHE else min(64, max(16, _pow2(M))))
     block_s = block_s or (64 if hd <= 128 else 32)
     tiles = _cdiv(M, block_m)
     if splits is None:

@@ -258,9 +258,18 @@ def test_launch_shape_depends_on_shapes_only():
     # no more splits than the cache has chunks of MIN_BLOCKS (2) blocks: 522 slots, 5 of 128
     assert attention.launch_shape(1, 1, 522, 8, 4, 128, 132) == (5, 16, 64, 1)
     assert attention.launch_shape(1, 1, 522, 8, 4, 128, 132, min_blocks=1) == (8, 16, 64, 1)
-    assert attention.launch_shape(1, 33, 100, 8, 8, 128, 132, min_blocks=1) == (2, 64, 64, 5)
-    assert attention.launch_shape(1, 33, 100, 8, 8, 128, 132) == (1, 64, 64, 5)
+    assert attention.launch_shape(1, 33, 100, 8, 8, 128, 132, min_blocks=1, block_m=64) == (2, 64, 64, 5)
+    assert attention.launch_shape(1, 33, 100, 8, 8, 128, 132) == (1, 16, 64, 17)  # a short cache
+    assert attention.launch_shape(1, 33, 100, 8, 8, 128, 132, block_m=64) == (1, 64, 64, 5)
     assert attention.launch_shape(1, 1, 4097, 8, 4, 256, 132)[2] == 32
+    # query rows: 9 positions of the 8B shape are 36 rows a kv head. A short cache (at most
+    # SHORT_CACHE keys) tiles them by 16, a longer one in one 64-row tile
+    assert attention.launch_shape(1, 9, 536, 8, 4, 128, 132) == (5, 16, 64, 3)
+    assert attention.launch_shape(1, 33, 560, 8, 4, 128, 132) == (2, 16, 64, 9)
+    assert attention.launch_shape(1, 9, 4120, 8, 4, 128, 132) == (8, 64, 64, 1)
+    assert attention.launch_shape(8, 9, 536, 8, 4, 128, 132) == (3, 64, 64, 1)
+    assert attention.launch_shape(1, 9, attention.SHORT_CACHE // 1024 + 1, 8, 4, 128, 132)[1] == 64
+    assert attention.launch_shape(1, 9, attention.SHORT_CACHE // 1024, 8, 4, 128, 132)[1] == 16
     assert attention.launch_shape(2, 4, 999, 2, 4, 64, 132, splits=5, block_m=32, block_s=16) == (5, 32, 16, 1)
 
 

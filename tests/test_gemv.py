@@ -293,6 +293,26 @@ def test_decode_profile_and_attention_crossover_run_tiny(tmp_path):
     assert [r["rows"] for r in rows] == [1, 4] and all(r["matmul_ms"] > 0 and r["fused_ms"] > 0 for r in rows)
 
 
+def test_engine_bench_attention_rows_forces_block_m_then_restores():
+    """engine_bench's attention_rows: inside the block a forward of several rows gets the forced
+    BLOCK_M (and the tiles it implies), one row keeps the heuristic's; after it, the heuristic."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
+    import engine_bench
+
+    from specbench.kernels import attention
+
+    shape = dict(S=4096, kv_heads=8, G=4, hd=128, sms=132)  # the 8B shape: 36 query rows a kv head at q = 9
+    assert attention.launch_shape(1, 9, **shape)[1:4:2] == (64, 1)
+    with engine_bench.attention_rows(16):
+        assert attention.launch_shape(1, 9, **shape)[1:4:2] == (16, 3)
+        assert attention.launch_shape(1, 1, **shape)[1] == 16
+        assert attention.launch_shape(1, 9, block_m=32, **shape)[1] == 32  # an explicit override stands
+    assert attention.launch_shape(1, 9, **shape)[1:4:2] == (64, 1)
+
+
 def test_gemv_ab_runs_tiny_against_itself(tmp_path):
     """experiments/gemv_ab.py on a 2-layer model on the CPU, the current module as its own
     baseline (A/A): a row per projection and row count with both timings, and per q a forward
