@@ -121,7 +121,7 @@ def variant(native, name: str, ctx: int, device, steps: int, q: int = 1) -> dict
     import torch._inductor.config as inductor_config
     inductor_config.coordinate_descent_tuning = cdt
     t = time.perf_counter()
-    with pdl.enabled(name.endswith("_pdl")):  # PDL is decided at capture
+    with pdl.enabled(name.endswith("_pdl"), rows=16):  # PDL is decided at capture; on verify forwards too
         engine = NativeEngine(native, 1, ctx + 128, compile=compile, compile_mode=mode, compile_scope=scope,
                               kernels=kernels)
         engine.prefill(0, torch.randint(0, native.s.vocab_size, (ctx,), device=device))

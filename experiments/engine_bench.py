@@ -317,6 +317,9 @@ def main(argv=None) -> int:
     ap.add_argument("--attention-block-m", default="",
                     help="with --kernels: b also times each curve with the attention kernel's BLOCK_M forced to "
                          "each of these (a list of 16, 32, 64) where a forward has more than one row")
+    ap.add_argument("--b-pdl", action="store_true",
+                    help="with --kernels: b also times each curve with programmatic dependent launch for forwards of up "
+                         "to 16 rows (kernels/pdl.py; off by default, and otherwise for one-row forwards only)")
     ap.add_argument("--b-without-kernels", action="store_true",
                     help="with --kernels: b also times each curve without them (compiled layers, as the runner's rows ran)")
     args = ap.parse_args(argv)
@@ -378,6 +381,11 @@ def main(argv=None) -> int:
                 attempt(results, f"verify_ctx{c}" + ("" if name == "false" else f"_dynamic_{name}"),
                         lambda: verify_curve(native, c, device, not kernels, qs, max(steps // 2, 1), kernels,
                                              DYNAMIC[name]), args.out)
+            if kernels and args.b_pdl:
+                def curve():
+                    with pdl_mod.enabled(True, rows=16):  # decided at capture
+                        return verify_curve(native, c, device, False, qs, max(steps // 2, 1), True)
+                attempt(results, f"verify_ctx{c}_pdl", curve, args.out)
             for block_m in block_ms:
                 def curve():
                     with attention_rows(block_m):

@@ -316,7 +316,7 @@ if triton is not None:
         w_ptrs = w_ptr + rn[:, None] * K + rk[None, :]  # [BLOCK_N, BLOCK_K]
         x_off = rm[:, None] * K + rk[None, :]  # [16, BLOCK_K]
         x_ok = m_ok[:, None]
-        wait_and_release(PDL)  # (PDL applies to one-row forwards only: a no-op here)
+        wait_and_release(PDL)  # x and the residual are the previous kernels' (PDL: kernels/pdl.py's MAX_ROWS)
         # the residual tile now, so that its latency is not the epilogue's (tiny: [16, BLOCK_N])
         r = tl.load(r_ptr + rm[:, None] * N + rn[None, :], mask=mn_ok, other=0.0) if RESIDUAL else 0.0
         acc = tl.zeros((16, BLOCK_N), tl.float32)

@@ -14,10 +14,12 @@ predecessor, then let the successor launch. Waiting before releasing keeps at mo
 in flight.
 
 PDL is off unless switched on (ENABLED), and then applies to forwards of one token in all
-(batch 1, q = 1) only. On an H200 (8B shape, context 512, CUDA graphs, side by side in one run):
+(batch 1, q = 1) only, unless MAX_ROWS says more. On an H200 (8B shape, context 512, CUDA
+graphs, side by side in one run):
 - a decode step took 4.32 ms with PDL and 4.35 without (results/2026-12-03-h200-evening), then
   4.35 and 4.29 ms (results/2026-12-03-h200-night), then, with the attention in one launch,
-  4.69 and 4.24 ms (results/2026-12-04-h200): never a gain, once a loss of a tenth;
+  4.69 and 4.24 ms (results/2026-12-04-h200): never a gain, once a loss of a tenth; on an
+  H100, 5.42 and 5.44 ms (results/2026-12-07-h100-attention-tiles);
 - a verify forward of 9 positions took 7.20 ms with PDL and 5.32 without
   (results/2026-12-03-h200-night). There every projection runs gemv's rows kernel and the
   attention kernel tiles 9 x 4 query rows.
@@ -25,9 +27,11 @@ Why the early launch costs time was not measured: the profiler's kernel times ov
 they do not say which grid waited for which. The kernels keep the hooks for that experiment.
 
 `launch_options(device, rows)` is what a launch passes: {"launch_pdl": True} where PDL applies
-(ENABLED, CUDA, compute capability 9 or more, one row, not under torch.compile, which launches
-user kernels itself), else {}. `enabled(True)` switches it on for a block, for benchmarks that
-time both ways (a CUDA graph keeps what held at its capture).
+(ENABLED, CUDA, compute capability 9 or more, at most MAX_ROWS rows (1), not under
+torch.compile, which launches user kernels itself), else {}. `enabled(True)` switches it on for
+a block, for benchmarks that time both ways (a CUDA graph keeps what held at its capture);
+`enabled(True, rows=16)` for verify forwards and batches too, to time again what the 9-position
+forward of 2026-12-03 lost (its attention has changed since: one launch, not two).
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ except ImportError:  # CPU installs without triton
     triton = None
 
 ENABLED = False  # see the module docstring
+MAX_ROWS = 1  # PDL applies to forwards of at most this many tokens (batch x positions)
 _CAPABLE: dict = {}  # device index -> compute capability >= 9
 
 
@@ -57,21 +62,23 @@ def applies(device: torch.device) -> bool:
 
 
 @contextmanager
-def enabled(on: bool):
-    """PDL on or off (ENABLED) inside the block, as it was after it."""
-    global ENABLED
-    saved, ENABLED = ENABLED, on
+def enabled(on: bool, rows: int = 1):
+    """PDL on or off (ENABLED) inside the block, for forwards of at most `rows` tokens
+    (MAX_ROWS); both as they were after it."""
+    global ENABLED, MAX_ROWS
+    saved = ENABLED, MAX_ROWS
+    ENABLED, MAX_ROWS = on, rows
     try:
         yield
     finally:
-        ENABLED = saved
+        ENABLED, MAX_ROWS = saved
 
 
 def launch_options(device: torch.device, rows: int) -> dict:
     """Keyword arguments of a Triton launch of a forward over `rows` tokens (batch x positions):
     the PDL attribute where it applies (see the module docstring); pass PDL=bool(...) as the
     kernel's constexpr alongside."""
-    return {"launch_pdl": True} if rows == 1 and applies(device) else {}
+    return {"launch_pdl": True} if rows <= MAX_ROWS and applies(device) else {}
 
 
 if triton is not None:

@@ -387,3 +387,20 @@ def test_rows_kernel_starts_its_pipeline_before_the_norm_pass(tmp_path):
     one_row = [r for r in every if r["kernel"] == "gemv_vector"]
     assert one_row and any(r.get("LOOP_STAGES") for r in one_row)
     assert all((r["cp_async"] > 0) == bool(r.get("LOOP_STAGES")) for r in one_row), one_row
+
+
+def test_pdl_applies_to_forwards_of_at_most_max_rows(monkeypatch):
+    """kernels/pdl.py: a launch asks for PDL only inside `enabled(True)`, for forwards of at most
+    MAX_ROWS tokens (1 unless `enabled` says more), and both come back after the block. The
+    device check (CUDA, Hopper) is stubbed true: this CPU has none."""
+    pytest.importorskip("triton", reason="the dev extra installs triton on Linux")
+    from specbench.kernels import pdl
+
+    cuda = torch.device("cuda")
+    monkeypatch.setattr(pdl, "applies", lambda device: pdl.ENABLED)
+    assert pdl.launch_options(cuda, 1) == {}
+    with pdl.enabled(True):
+        assert pdl.launch_options(cuda, 1) == {"launch_pdl": True} and pdl.launch_options(cuda, 2) == {}
+    with pdl.enabled(True, rows=16):
+        assert pdl.launch_options(cuda, 16) == {"launch_pdl": True} and pdl.launch_options(cuda, 17) == {}
+    assert (pdl.ENABLED, pdl.MAX_ROWS) == (False, 1) and pdl.launch_options(cuda, 1) == {}
