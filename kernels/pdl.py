@@ -22,7 +22,9 @@ graphs, side by side in one run):
   H100, 5.42 and 5.44 ms (results/2026-12-07-h100-attention-tiles);
 - a verify forward of 9 positions took 7.20 ms with PDL and 5.32 without
   (results/2026-12-03-h200-night). There every projection runs gemv's rows kernel and the
-  attention kernel tiles 9 x 4 query rows.
+  attention kernel tiles 9 x 4 query rows. Again on an H100 with the attention in one launch
+  (`enabled(True, rows=16)`, results/2026-12-07-h100-short-cache): 7.04 against 5.94 ms at
+  context 512, 7.31 against 6.27 at 4096.
 Why the early launch costs time was not measured: the profiler's kernel times overlap under PDL, so
 they do not say which grid waited for which. The kernels keep the hooks for that experiment.
 
