@@ -306,10 +306,10 @@ def test_engine_bench_attention_rows_forces_block_m_then_restores():
 
     shape = dict(S=4096, kv_heads=8, G=4, hd=128, sms=132)  # the 8B shape: 36 query rows a kv head at q = 9
     assert attention.launch_shape(1, 9, **shape)[1:4:2] == (64, 1)
-    with engine_bench.attention_rows(16):
-        assert attention.launch_shape(1, 9, **shape)[1:4:2] == (16, 3)
-        assert attention.launch_shape(1, 1, **shape)[1] == 16
-        assert attention.launch_shape(1, 9, block_m=32, **shape)[1] == 32  # an explicit override stands
+    with engine_bench.attention_rows(32):
+        assert attention.launch_shape(1, 9, **shape)[1:4:2] == (32, 2)
+        assert attention.launch_shape(1, 1, **shape)[1] == 16  # one row: the heuristic's
+        assert attention.launch_shape(1, 9, block_m=16, **shape)[1:4:2] == (16, 3)  # an explicit override stands
     assert attention.launch_shape(1, 9, **shape)[1:4:2] == (64, 1)
 
 
