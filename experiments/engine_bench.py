@@ -381,16 +381,14 @@ def main(argv=None) -> int:
                 attempt(results, f"verify_ctx{c}" + ("" if name == "false" else f"_dynamic_{name}"),
                         lambda: verify_curve(native, c, device, not kernels, qs, max(steps // 2, 1), kernels,
                                              DYNAMIC[name]), args.out)
+            def kernels_curve(setting):  # the kernels' curve inside `setting`, decided at capture
+                with setting:
+                    return verify_curve(native, c, device, False, qs, max(steps // 2, 1), True)
             if kernels and args.b_pdl:
-                def curve():
-                    with pdl_mod.enabled(True, rows=16):  # decided at capture
-                        return verify_curve(native, c, device, False, qs, max(steps // 2, 1), True)
-                attempt(results, f"verify_ctx{c}_pdl", curve, args.out)
+                attempt(results, f"verify_ctx{c}_pdl", lambda: kernels_curve(pdl_mod.enabled(True, rows=16)), args.out)
             for block_m in block_ms:
-                def curve():
-                    with attention_rows(block_m):
-                        return verify_curve(native, c, device, False, qs, max(steps // 2, 1), True)
-                attempt(results, f"verify_ctx{c}_block_m{block_m}", curve, args.out)
+                attempt(results, f"verify_ctx{c}_block_m{block_m}", lambda: kernels_curve(attention_rows(block_m)),
+                        args.out)
             if kernels and args.b_without_kernels:
                 attempt(results, f"verify_ctx{c}_torch",
                         lambda: verify_curve(native, c, device, True, qs, max(steps // 2, 1)), args.out)

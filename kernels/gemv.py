@@ -325,19 +325,19 @@ if triton is not None:
         for k0 in range(0, KC, BLOCK_K):
             if NORM:
                 if k0 == 0:
-                    # a pass over the whole of each row of x for its rstd (x is tiny: re-read from
-                    # cache), every slice included: the norm rounds h = x rstd before the product.
-                    # In tiles at least 256 wide where 256 divides K: beside the pipeline's state,
-                    # the 8B shape's 32 unrolled 128-wide loads cost BLOCK_K 128 tiles registers
-                    # (sm_90, Triton 3.6, offline: w13 32 x 128, 4 warps, 181 registers against
-                    # 128 with 256-wide loads, an estimated 2 CTAs an SM against 4; no
-                    # configuration lost one; results/2026-12-05-cpu-pass-width). SmolLM2's 576
-                    # keeps BLOCK_K: 5 loads, and 256 would mask a third of the last.
-                    PASS_K: tl.constexpr = 256 if BLOCK_K < 256 and K % 256 == 0 else BLOCK_K
-                    cols = tl.arange(0, PASS_K)[None, :]
-                    if NORM_SQUARES > 0:
+                    if NORM_SQUARES > 0:  # from the squares the projection before summed
                         rstd = _rstd_from_squares(xs_ptr, rm, m_ok, K, eps, NORM_SQUARES)[:, None]
                     else:
+                        # a pass over the whole of each row of x for its rstd (x is tiny: re-read
+                        # from cache), every slice included: the norm rounds h = x rstd before the
+                        # product. In tiles at least 256 wide where 256 divides K: beside the
+                        # pipeline's state, the 8B shape's 32 unrolled 128-wide loads cost BLOCK_K
+                        # 128 tiles registers (sm_90, Triton 3.6, offline: w13 32 x 128, 4 warps,
+                        # 181 registers against 128 with 256-wide loads, an estimated 2 CTAs an SM
+                        # against 4; no configuration lost one; results/2026-12-05-cpu-pass-width).
+                        # SmolLM2's 576 keeps BLOCK_K: 5 loads, and 256 would mask a third of the last.
+                        PASS_K: tl.constexpr = 256 if BLOCK_K < 256 and K % 256 == 0 else BLOCK_K
+                        cols = tl.arange(0, PASS_K)[None, :]
                         rstd = _rstd(x_ptr, rm[:, None] * K + cols, x_ok, cols, K, eps, PASS_K)[:, None]
             x = _x_tile(x_ptr + k0, g_ptr + k0, x_off, rk[None, :], x_ok, k0 + rk[None, :], rstd, NORM, K, BLOCK_K,
                         dtype)  # [16, BLOCK_K]

@@ -438,7 +438,8 @@ def test_all_kernels_in_cuda_graphs_match_transformers(rows, early, width):
     another or with programmatic dependent launch where it applies (Hopper; every forward of up
     to 16 rows, specbench.kernels.pdl). Widths that the K tiles divide (512, 4 heads of 128,
     MLP 1024), and SmolLM2-135M's (576, 9 heads of 64 over 3 key/value heads, MLP 1536), whose
-    last K tile is masked. fp32 logits within 1e-4 of transformers, after a decode, a chain and a rollback."""
+    last K tile is masked. fp32 logits within 1e-4 of transformers, after a decode, a chain and
+    a rollback."""
     pytest.importorskip("triton", reason="the dev extra installs triton on Linux")
     from specbench.kernels import pdl
     with pdl.enabled(early, rows=16):  # decided at capture; the chain's and batch's forwards too
