@@ -220,15 +220,19 @@ def verify_curve(native, ctx: int, device, compile: bool, qs, steps: int, kernel
 
 
 @contextmanager
-def attention_rows(block_m: Optional[int]):
-    """The attention kernel's query rows a program (BLOCK_M) forced for forwards of more than one
-    row inside the block, in place of launch_shape's heuristic; None leaves the heuristic.
-    Engines built inside the block capture it."""
+def attention_launch(block_m: Optional[int] = None, max_splits: Optional[int] = None):
+    """The attention kernel's launch forced inside the block, in place of launch_shape's
+    heuristic: block_m, the query rows a program, for forwards of more than one row; max_splits,
+    the most slices a cache prefix splits into (kernels/attention.py's MAX_SPLITS), for every
+    forward. None leaves the heuristic's; explicit arguments stand. Engines built inside the
+    block capture it."""
     heuristic = attention_mod.launch_shape
 
     def forced(B, q, *args, **kwargs):
         if block_m and B * q > 1 and kwargs.get("block_m") is None:
             kwargs["block_m"] = block_m
+        if max_splits and "max_splits" not in kwargs:
+            kwargs["max_splits"] = max_splits
         return heuristic(B, q, *args, **kwargs)
 
     attention_mod.launch_shape = forced
@@ -317,6 +321,10 @@ def main(argv=None) -> int:
     ap.add_argument("--attention-block-m", default="",
                     help="with --kernels: b also times each curve with the attention kernel's BLOCK_M forced to "
                          "each of these (a list of 16, 32, 64) where a forward has more than one row")
+    ap.add_argument("--attention-max-splits", default="",
+                    help="with --kernels: b also times each curve with the attention's cache prefix split into at "
+                         "most each of these many slices (a list; the heuristic's bound is kernels/attention.py's "
+                         "MAX_SPLITS), every forward, one row too")
     ap.add_argument("--b-pdl", action="store_true",
                     help="with --kernels: b also times each curve with programmatic dependent launch for forwards of up "
                          "to 16 rows (kernels/pdl.py; off by default, and otherwise for one-row forwards only)")
@@ -329,6 +337,10 @@ def main(argv=None) -> int:
     if args.attention_block_m and (len(block_ms) != len(args.attention_block_m.split(","))
                                    or set(block_ms) - {16, 32, 64} or not args.kernels):
         ap.error(f"--attention-block-m={args.attention_block_m}: a list of 16, 32, 64, with --kernels")
+    max_splits = [int(v) for v in args.attention_max_splits.split(",") if v.strip().isdigit()]
+    if args.attention_max_splits and (len(max_splits) != len(args.attention_max_splits.split(","))
+                                      or min(max_splits) < 1 or not args.kernels):
+        ap.error(f"--attention-max-splits={args.attention_max_splits}: a list of positive integers, with --kernels")
     kernels = args.kernels
     parts = set(args.parts.split(","))
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -387,8 +399,11 @@ def main(argv=None) -> int:
             if kernels and args.b_pdl:
                 attempt(results, f"verify_ctx{c}_pdl", lambda: kernels_curve(pdl_mod.enabled(True, rows=16)), args.out)
             for block_m in block_ms:
-                attempt(results, f"verify_ctx{c}_block_m{block_m}", lambda: kernels_curve(attention_rows(block_m)),
+                attempt(results, f"verify_ctx{c}_block_m{block_m}", lambda: kernels_curve(attention_launch(block_m)),
                         args.out)
+            for n in max_splits:
+                attempt(results, f"verify_ctx{c}_max_splits{n}",
+                        lambda: kernels_curve(attention_launch(max_splits=n)), args.out)
             if kernels and args.b_without_kernels:
                 attempt(results, f"verify_ctx{c}_torch",
                         lambda: verify_curve(native, c, device, True, qs, max(steps // 2, 1)), args.out)

@@ -293,9 +293,10 @@ def test_decode_profile_and_attention_crossover_run_tiny(tmp_path):
     assert [r["rows"] for r in rows] == [1, 4] and all(r["matmul_ms"] > 0 and r["fused_ms"] > 0 for r in rows)
 
 
-def test_engine_bench_attention_rows_forces_block_m_then_restores():
-    """engine_bench's attention_rows: inside the block a forward of several rows gets the forced
-    BLOCK_M (and the tiles it implies), one row keeps the heuristic's; after it, the heuristic."""
+def test_engine_bench_attention_launch_forces_then_restores():
+    """engine_bench's attention_launch: inside the block a forward of several rows gets the forced
+    BLOCK_M (and the tiles it implies), one row keeps the heuristic's; a forced max_splits bounds
+    every forward's splits; explicit arguments stand; after the block, the heuristic."""
     import sys
     from pathlib import Path
 
@@ -305,12 +306,16 @@ def test_engine_bench_attention_rows_forces_block_m_then_restores():
     from specbench.kernels import attention
 
     shape = dict(S=4096, kv_heads=8, G=4, hd=128, sms=132)  # the 8B shape: 36 query rows a kv head at q = 9
-    assert attention.launch_shape(1, 9, **shape)[1:4:2] == (64, 1)
-    with engine_bench.attention_rows(32):
+    assert attention.launch_shape(1, 9, **shape) == (8, 64, 64, 1)  # splits at MAX_SPLITS
+    with engine_bench.attention_launch(32):
         assert attention.launch_shape(1, 9, **shape)[1:4:2] == (32, 2)
         assert attention.launch_shape(1, 1, **shape)[1] == 16  # one row: the heuristic's
         assert attention.launch_shape(1, 9, block_m=16, **shape)[1:4:2] == (16, 3)  # an explicit override stands
-    assert attention.launch_shape(1, 9, **shape)[1:4:2] == (64, 1)
+    with engine_bench.attention_launch(max_splits=16):
+        assert attention.launch_shape(1, 9, **shape) == (16, 64, 64, 1)  # cdiv(132 SMs, 8 programs) = 17 -> 16
+        assert attention.launch_shape(1, 1, **shape)[0] == 16
+        assert attention.launch_shape(1, 9, max_splits=4, **shape)[0] == 4
+    assert attention.launch_shape(1, 9, **shape) == (8, 64, 64, 1)
 
 
 def test_gemv_ab_runs_tiny_against_itself(tmp_path):
