@@ -148,19 +148,28 @@ if triton is not None:
         return tl.rsqrt(tl.sum(ss, axis=1) / K + eps)
 
     @triton.jit
+    def _gamma(g_ptr, g_off, cols, K: tl.constexpr, BLOCK_K: tl.constexpr):
+        # The norm's gamma at offsets g_off ([1, BLOCK_K]; cols: its columns of K, masked past K
+        # where BLOCK_K does not divide K)
+        if K % BLOCK_K == 0:
+            return tl.load(g_ptr + g_off)
+        return tl.load(g_ptr + g_off, mask=cols < K, other=0.0)
+
+    @triton.jit
+    def _normed(x, g, rstd, dtype: tl.constexpr):
+        # x normalised with rstd (a scalar, or [rows, 1]) and rounded as rms_norm rounds: h to
+        # the dtype, then times gamma g in the dtype
+        h = (x.to(tl.float32) * rstd).to(dtype).to(tl.float32)
+        return (h * g.to(tl.float32)).to(dtype)
+
+    @triton.jit
     def _x_tile(x_ptr, g_ptr, x_off, g_off, ok, cols, rstd, NORM: tl.constexpr, K: tl.constexpr,
                 BLOCK_K: tl.constexpr, dtype: tl.constexpr):
         # A tile of x at offsets x_off (rows where ok; cols [1, BLOCK_K]: its columns of K, for
-        # the last tile's mask), normalised with rstd where NORM (a scalar, or [rows, 1]) and
-        # rounded as rms_norm rounds: h to the dtype, then times gamma [g_off] in the dtype.
+        # the last tile's mask), normalised with rstd and gamma [g_off] where NORM (`_normed`).
         x = tl.load(x_ptr + x_off, mask=_in_k(ok, cols, K, BLOCK_K), other=0.0)
         if NORM:
-            h = (x.to(tl.float32) * rstd).to(dtype).to(tl.float32)
-            if K % BLOCK_K == 0:
-                g = tl.load(g_ptr + g_off)
-            else:
-                g = tl.load(g_ptr + g_off, mask=cols < K, other=0.0)
-            x = (h * g.to(tl.float32)).to(dtype)
+            x = _normed(x, _gamma(g_ptr, g_off, cols, K, BLOCK_K), rstd, dtype)
         return x
 
     @triton.jit
@@ -322,7 +331,18 @@ if triton is not None:
         acc = tl.zeros((16, BLOCK_N), tl.float32)
         acc_up = tl.zeros((16, BLOCK_N), tl.float32)
         rstd = tl.full((16, 1), 1.0, tl.float32)
+        # gamma a step ahead, in registers: a [1, BLOCK_K] tile is too narrow for the pipeline's
+        # cp.async (2 bytes a thread), and loaded in its step each step waited out an L2 round trip
+        # before its product (Nsight Compute, H100: wqkv's 9-row launch stalled on global loads
+        # most, results/2026-12-07-h100-ncu)
+        g_next = tl.zeros((1, BLOCK_K), g_ptr.dtype.element_ty)
         for k0 in range(0, KC, BLOCK_K):
+            g = g_next
+            if NORM:
+                if k0 == 0:  # the first step's in the step, beside the rstd's loads: the pipeline's copies come first
+                    g = _gamma(g_ptr, rk[None, :], rk[None, :], K, BLOCK_K)
+                # the next step's (past K in the last slice's last step: masked)
+                g_next = tl.load(g_ptr + k0 + BLOCK_K + rk[None, :], mask=k0 + BLOCK_K + rk[None, :] < K, other=0.0)
             if NORM:
                 if k0 == 0:
                     if NORM_SQUARES > 0:  # from the squares the projection before summed
@@ -339,8 +359,9 @@ if triton is not None:
                         PASS_K: tl.constexpr = 256 if BLOCK_K < 256 and K % 256 == 0 else BLOCK_K
                         cols = tl.arange(0, PASS_K)[None, :]
                         rstd = _rstd(x_ptr, rm[:, None] * K + cols, x_ok, cols, K, eps, PASS_K)[:, None]
-            x = _x_tile(x_ptr + k0, g_ptr + k0, x_off, rk[None, :], x_ok, k0 + rk[None, :], rstd, NORM, K, BLOCK_K,
-                        dtype)  # [16, BLOCK_K]
+            x = _x_tile(x_ptr + k0, g_ptr, x_off, 0, x_ok, k0 + rk[None, :], rstd, False, K, BLOCK_K, dtype)
+            if NORM:
+                x = _normed(x, g, rstd, dtype)  # [16, BLOCK_K]
             w_ok = _in_k(n_ok[:, None], k0 + rk[None, :], K, BLOCK_K)
             w = tl.load(w_ptrs + k0, mask=w_ok, other=0.0, eviction_policy="evict_first")
             acc += tl.dot(x, tl.trans(w), input_precision=PRECISION)  # [16, BLOCK_N]
