@@ -120,7 +120,7 @@ def block(s: Shape, attention, x, squares, cos, sin, where, k_cache, v_cache, le
     (rows [B, 1], slots [B, q])) for the torch attentions, the merge counts for
     kernel_attention; k_cache, v_cache: [B, Hkv, S, hd]; lengths [B], ancestors [B, q, q]: where
     the new entries go and what they see; attention: one of the *_attention functions above.
-    kernels: the projections through specbench.kernels.gemv where it applies (B q <= 64 input
+    kernels: the projections through specbench.kernels.gemv where it applies (B q <= 16 input
     rows: the norms, the MLP activation and the residual adds folded into them). -> the layer's
     output and its squares: with the kernels on several rows, each residual projection sums its
     output's squares for the next norm (gemv.project's squares), which then makes no pass over
