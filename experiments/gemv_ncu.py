@@ -1,13 +1,19 @@
 """The decode projections of a Llama-3.1-8B layer, each launched once inside a profiler range, for
 Nsight Compute (issue 6, a and b: why the rows kernel at 9 rows streams below the one-row kernel).
 
-    ncu --clock-control none --profile-from-start off --section SpeedOfLight \\
+    TRITON_CACHE_AUTOTUNING=1 python experiments/gemv_ncu.py   # tunes, outside the profiler
+    TRITON_CACHE_AUTOTUNING=1 ncu --clock-control none --profile-from-start off --section SpeedOfLight \\
         --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats \\
         python experiments/gemv_ncu.py
 
+The first run caches the tuning on disk: under ncu the autotuner's timing runs took longer than
+a device call (results/2026-12-07-h100-ncu).
+
 Each projection with the folds the layer gives it (wqkv + norm, wo + residual, w13 + norm +
 SwiGLU, w2 + residual) at 1 row, at 9 rows as `project` runs it (split K where the autotuner
-picks it) and at 9 rows unsplit (`gemv.split_k(False)`). Tuning and warm-up run before the range, so
+picks it) and at 9 rows unsplit (`gemv.split_k(False)`). At 9 rows as a layer past the first
+runs them: the norms from the squares of x (`norm_squares`), the residual projections summing
+their outputs' (`squares`); until 2026-12-07 the norms made their pass over x here. Tuning and warm-up run before the range, so
 the profiled launches are these 12 alone, in this order; the script prints each launch's
 config. Random bf16 weights; needs CUDA.
 """
@@ -33,6 +39,12 @@ def cases(device, dtype):
             x = torch.randn(M, K, device=device, dtype=dtype)
             kw = {"residual": torch.randn(M, out, device=device, dtype=dtype)} if "residual" in folds else {
                 "norm": torch.randn(K, device=device, dtype=dtype), "glu": "glu" in folds}
+            # at 9 rows as every layer but the first: residual projections sum their outputs'
+            # squares, norms take x's
+            if M > 1 and "residual" in folds:
+                kw["squares"] = True
+            elif M > 1:
+                kw["norm_squares"] = gemv.squares(x)
             yield f"{name} M={M}" + ("" if split else " unsplit"), x, w, kw, split, out
 
 
