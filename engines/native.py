@@ -121,7 +121,7 @@ def block(s: Shape, attention, x, squares, cos, sin, where, k_cache, v_cache, le
     kernel_attention; k_cache, v_cache: [B, Hkv, S, hd]; lengths [B], ancestors [B, q, q]: where
     the new entries go and what they see; attention: one of the *_attention functions above.
     kernels: the projections through specbench.kernels.gemv where it applies (B q <= 16 input
-    rows: the norms, the MLP activation and the residual adds folded into them). -> the layer's
+    rows, 64 inside gemv.wide_rows: the norms, the MLP activation and the residual adds folded into them). -> the layer's
     output and its squares: with the kernels on several rows, each residual projection sums its
     output's squares for the next norm (gemv.project's squares), which then makes no pass over
     x; squares: x's (None: the norm makes its pass)."""

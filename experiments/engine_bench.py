@@ -35,6 +35,7 @@ import torch
 from specbench import provenance
 from specbench.engines.native import NativeEngine, Transformer
 from specbench.kernels import attention as attention_mod
+from specbench.kernels import gemv as gemv_mod
 from specbench.kernels import pdl as pdl_mod
 
 LLAMA_8B = dict(
@@ -328,6 +329,9 @@ def main(argv=None) -> int:
     ap.add_argument("--b-pdl", action="store_true",
                     help="with --kernels: b also times each curve with programmatic dependent launch for forwards of up "
                          "to 16 rows (kernels/pdl.py; off by default, and otherwise for one-row forwards only)")
+    ap.add_argument("--b-wide-rows", action="store_true",
+                    help="with --kernels: b also times each curve inside gemv.wide_rows(True): forwards of 17 to 64 "
+                         "rows through the rows kernel, the norms applied beforehand, not the torch composition")
     ap.add_argument("--b-without-kernels", action="store_true",
                     help="with --kernels: b also times each curve without them (compiled layers, as the runner's rows ran)")
     args = ap.parse_args(argv)
@@ -398,6 +402,8 @@ def main(argv=None) -> int:
                     return verify_curve(native, c, device, False, qs, max(steps // 2, 1), True)
             if kernels and args.b_pdl:
                 attempt(results, f"verify_ctx{c}_pdl", lambda: kernels_curve(pdl_mod.enabled(True, rows=16)), args.out)
+            if kernels and args.b_wide_rows:
+                attempt(results, f"verify_ctx{c}_wide_rows", lambda: kernels_curve(gemv_mod.wide_rows(True)), args.out)
             for block_m in block_ms:
                 attempt(results, f"verify_ctx{c}_block_m{block_m}", lambda: kernels_curve(attention_launch(block_m)),
                         args.out)

@@ -159,7 +159,7 @@ def gemv_rows(arch: int, shape: dict, names=None, M: int = 9) -> list:
                             xs_ptr=meta(m, -(-K // gemv.SQUARES_GROUP), dtype=torch.float32),
                             s_ptr=meta(m, -(-N // gemv.SQUARES_GROUP), dtype=torch.float32),
                             NORM_SQUARES=gemv.squares_width(K) if flags["NORM"] else 0,
-                            SQUARES=flags["RESIDUAL"])
+                            SQUARES=flags["RESIDUAL"], BLOCK_M=max(16, 1 << (m - 1).bit_length()))
             for config in gemv._k_fits(tuner.configs, {"K": K}):  # as the autotuner prunes them
                 row = {"kernel": f"gemv_{kind}", "projection": name, "N": N, "K": K, **config.kwargs,
                        "num_warps": config.num_warps, "num_stages": config.num_stages}

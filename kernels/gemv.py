@@ -9,7 +9,7 @@ computes a decoder layer's projections with what surrounds them folded in, one k
     residual   y = r + x W^T                  the residual add as an epilogue
 
 and falls back to the same composition in torch wherever the kernels do not apply (CPU, a
-bias, more than 16 rows, mixed dtypes): one function is both the kernels' entry and their
+bias, more than MAX_ROWS rows, mixed dtypes): one function is both the kernels' entry and their
 reference. Both kernels take every fold, so a speculative verify forward (2 to 16 positions, or
 a few rows) runs each projection in one kernel as a decode step does. The kernels round to the
 input dtype wherever the torch composition does, so the two agree to the last bit but for the
@@ -43,13 +43,18 @@ its rstd from those (norm_squares: 1 KB a row at K = 4096) instead of a pass. Th
 differs from the pass's in the order of its fp32 sum only. The one-row kernel keeps its pass
 (one row: 8 KB).
 
-Tried and dropped on an H200 (results/2026-12-07-h200-rows-ab, A/B in one process each):
-gamma loaded a step ahead in the rows kernel (its [1, BLOCK_K] tile is too narrow for cp.async,
-so each step waits for it): no gain, the 9-position forward 1.01x slower with the autotuner's
-new picks. Rows kernel tiles up to 64 rows (BLOCK_M 32, 64): at 33 rows wo and w2 gained 2.4
-and 2.0 us on the torch composition, but every program re-normalises all of x, and wqkv took
-43.2 us against torch's 40.6, w13 158 against 92; the 33-position forward 8.57 ms against 6.66.
-More than 16 rows would want the norm applied once, outside the projection.
+Wide rows (`wide_rows`, off by default: an experiment). 17 to 64 rows (a tree verify's nodes,
+a batch's chains) run the torch composition; inside `wide_rows(True)` they run the rows kernel
+in 32- or 64-row tiles instead, the norm applied once beforehand in torch (rms_norm), not
+folded. Folded, every program re-normalised all of x, whose arithmetic grows with the rows: on
+an H200 (results/2026-12-07-h200-rows-ab) at 33 rows wqkv took 43.2 us against torch's 40.6,
+w13 158 against 92, and the 33-position forward 8.57 ms against 6.66, while the projections
+without a norm gained (wo 13.4 us against 15.8, w2 34.0 against 36.0). The rows kernel
+without the norm fold beyond 16 rows (wqkv, w13) has not run on a GPU.
+
+Tried and dropped there too: gamma loaded a step ahead in the rows kernel (its [1, BLOCK_K]
+tile is too narrow for cp.async, so each step waits for it): no gain, the 9-position forward
+1.01x slower with the autotuner's new picks.
 
 Letters: M input rows, K input width, N output width (H per half with glu).
 """
@@ -74,6 +79,9 @@ except ImportError:  # CPU installs without triton: project() runs the torch com
 # A residual projection may also return its output's squares summed by this many columns
 # (`project`'s squares), for the next projection's norm (norm_squares).
 SQUARES_GROUP = 16
+# The most rows the kernels take (B q): 16, or WIDE_ROWS inside `wide_rows(True)`
+MAX_ROWS = 16
+WIDE_ROWS = 64
 
 
 def squares(y: torch.Tensor) -> torch.Tensor:
@@ -141,14 +149,14 @@ if triton is not None:
         return tl.rsqrt(tl.sum(ss, axis=1) / K + eps)
 
     @triton.jit
-    def _rstd_from_squares(s_ptr, rm, m_ok, K: tl.constexpr, eps, WIDTH: tl.constexpr):
+    def _rstd_from_squares(s_ptr, rm, m_ok, K: tl.constexpr, eps, WIDTH: tl.constexpr, BLOCK_M: tl.constexpr):
         # s: [M, cdiv(K, GROUP)] the squares of x's rows summed by GROUP columns (a projection's
-        # SQUARES; WIDTH: a power of two at least that wide), rm: [16] rows (m_ok: real ones)
-        # -> rstd: [16], as _rstd's from x itself. In [16, 64] loads, unrolled: one [16, 256]
-        # fp32 tile (the 8B shape's) held 32 registers a thread beside the pipeline's.
+        # SQUARES; WIDTH: a power of two at least that wide), rm: [BLOCK_M] rows (m_ok: real
+        # ones) -> rstd: [BLOCK_M], as _rstd's from x itself. In [BLOCK_M, 64] loads, unrolled: one
+        # [16, 256] fp32 tile (the 8B shape's) held 32 registers a thread beside the pipeline's.
         CHUNK: tl.constexpr = 64 if WIDTH > 64 else WIDTH
         n_groups: tl.constexpr = (K + GROUP - 1) // GROUP
-        ss = tl.zeros((16, CHUNK), tl.float32)
+        ss = tl.zeros((BLOCK_M, CHUNK), tl.float32)
         for c0 in tl.static_range(0, WIDTH, CHUNK):
             groups = c0 + tl.arange(0, CHUNK)  # [CHUNK], past cdiv(K, GROUP) masked
             ss += tl.load(s_ptr + rm[:, None] * n_groups + groups[None, :],
@@ -267,14 +275,15 @@ if triton is not None:
     _SPLIT_CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": sk}, num_warps=4, num_stages=3)
                       for bn in (32, 64) for bk, sk in ((128, 2), (128, 4), (256, 2))]
 
-    # Tuned per power-of-two bucket of rows (ROWS: 2, 4, 8, 16; the tiles pad to 16 anyway), not
-    # per row count: a sweep over q = 1 .. 16 then tunes 4 times a projection, not 15.
+    # Tuned per power-of-two bucket of rows (ROWS: 2, 4, 8, 16, and 32, 64 with `wide_rows`;
+    # BLOCK_M pads the first four to 16 anyway), not per row count: a sweep over q = 1 .. 16
+    # then tunes 4 times a projection, not 15.
     _ROWS_KEY = ["ROWS", "N", "K", "NORM", "GLU", "RESIDUAL", "NORM_SQUARES", "SQUARES"]
 
     @triton.jit
     def _rows_epilogue(acc, acc_up, r, y_ptr, s_ptr, pid, rm, rn, m_ok, mn_ok, N, GLU: tl.constexpr,
-                       RESIDUAL: tl.constexpr, SQUARES: tl.constexpr, BLOCK_N: tl.constexpr):
-        # acc, acc_up: [16, BLOCK_N] fp32 sums of columns rn for rows rm, r: the residual tile
+                       RESIDUAL: tl.constexpr, SQUARES: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
+        # acc, acc_up: [BLOCK_M, BLOCK_N] fp32 sums of columns rn for rows rm, r: the residual tile
         # (RESIDUAL) -> y (the folds applied); SQUARES: y's squares summed by GROUP columns -> s
         dtype = y_ptr.dtype.element_ty
         y = acc.to(dtype).to(tl.float32)  # rounded like F.linear's output
@@ -287,7 +296,7 @@ if triton is not None:
         tl.store(y_ptr + rm[:, None] * N + rn[None, :], y, mask=mn_ok)
         if SQUARES:  # s: [M, cdiv(N, GROUP)] fp32, this tile's BLOCK_N / GROUP groups of each row
             v = tl.where(mn_ok, y.to(tl.float32), 0.0)
-            sq = tl.sum(tl.reshape(v * v, (16, BLOCK_N // GROUP, GROUP)), axis=2)  # [16, BLOCK_N / GROUP]
+            sq = tl.sum(tl.reshape(v * v, (BLOCK_M, BLOCK_N // GROUP, GROUP)), axis=2)  # [BLOCK_M, BLOCK_N / GROUP]
             groups = pid * (BLOCK_N // GROUP) + tl.arange(0, BLOCK_N // GROUP)
             n_groups = (N + GROUP - 1) // GROUP
             tl.store(s_ptr + rm[:, None] * n_groups + groups[None, :], sq,
@@ -297,14 +306,15 @@ if triton is not None:
     def _rows_kernel_fn(x_ptr, w_ptr, y_ptr, g_ptr, r_ptr, p_ptr, c_ptr, xs_ptr, s_ptr, M, ROWS, N,
                         K: tl.constexpr, eps, PRECISION: tl.constexpr, NORM: tl.constexpr, GLU: tl.constexpr,
                         RESIDUAL: tl.constexpr, NORM_SQUARES: tl.constexpr, SQUARES: tl.constexpr, PDL: tl.constexpr,
-                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
-        # x: [M <= 16, K], w: [N, K] (GLU: [2N, K]), y, r: [M, N], g: [K]; K % (SPLIT_K BLOCK_K)
+                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+                        BLOCK_M: tl.constexpr):
+        # x: [M <= BLOCK_M, K], w: [N, K] (GLU: [2N, K]), y, r: [M, N], g: [K]; K % (SPLIT_K BLOCK_K)
         # == 0 with SPLIT_K > 1 (_k_fits), else any K (_in_k); ROWS: the autotuner's key only.
         # NORM_SQUARES > 0: the norm's rstd from xs [M, cdiv(K, GROUP)], x's squares summed by
         # GROUP columns (a power of two >= cdiv(K, GROUP), their tile's width), not from a pass
         # over x; SQUARES: y's -> s [M, cdiv(N, GROUP)], for the next projection's norm.
         # Grid (column tiles, SPLIT_K). With SPLIT_K > 1, p: [SPLIT_K, M, N] fp32 partials (GLU:
-        # [SPLIT_K, 2, M, N]) and c: [column tiles] int32, zero. The rows padded to 16 for one
+        # [SPLIT_K, 2, M, N]) and c: [column tiles] int32, zero. The rows padded to BLOCK_M for one
         # tensor-core product a tile.
         # Nothing is peeled off the loop (unlike _vector_kernel, whose early first tile is for
         # PDL): the software pipeline's first copies are the first loads a program issues, and the
@@ -317,24 +327,24 @@ if triton is not None:
         KC: tl.constexpr = K // SPLIT_K  # this program's slice of K: [ks KC, (ks + 1) KC)
         rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]
         rk = ks * KC + tl.arange(0, BLOCK_K)  # [BLOCK_K]
-        rm = tl.arange(0, 16)  # [16]
+        rm = tl.arange(0, BLOCK_M)  # [BLOCK_M]
         n_ok, m_ok = rn < N, rm < M
         mn_ok = m_ok[:, None] & n_ok[None, :]
         dtype = y_ptr.dtype.element_ty
         w_ptrs = w_ptr + rn[:, None] * K + rk[None, :]  # [BLOCK_N, BLOCK_K]
-        x_off = rm[:, None] * K + rk[None, :]  # [16, BLOCK_K]
+        x_off = rm[:, None] * K + rk[None, :]  # [BLOCK_M, BLOCK_K]
         x_ok = m_ok[:, None]
         wait_and_release(PDL)  # x and the residual are the previous kernels' (PDL: kernels/pdl.py's MAX_ROWS)
-        # the residual tile now, so that its latency is not the epilogue's (tiny: [16, BLOCK_N])
+        # the residual tile now, so that its latency is not the epilogue's (tiny: [BLOCK_M, BLOCK_N])
         r = tl.load(r_ptr + rm[:, None] * N + rn[None, :], mask=mn_ok, other=0.0) if RESIDUAL else 0.0
-        acc = tl.zeros((16, BLOCK_N), tl.float32)
-        acc_up = tl.zeros((16, BLOCK_N), tl.float32)
-        rstd = tl.full((16, 1), 1.0, tl.float32)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+        acc_up = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+        rstd = tl.full((BLOCK_M, 1), 1.0, tl.float32)
         for k0 in range(0, KC, BLOCK_K):
             if NORM:
                 if k0 == 0:
                     if NORM_SQUARES > 0:  # from the squares the projection before summed
-                        rstd = _rstd_from_squares(xs_ptr, rm, m_ok, K, eps, NORM_SQUARES)[:, None]
+                        rstd = _rstd_from_squares(xs_ptr, rm, m_ok, K, eps, NORM_SQUARES, BLOCK_M)[:, None]
                     else:
                         # a pass over the whole of each row of x for its rstd (x is tiny: re-read
                         # from cache), every slice included: the norm rounds h = x rstd before the
@@ -348,17 +358,18 @@ if triton is not None:
                         cols = tl.arange(0, PASS_K)[None, :]
                         rstd = _rstd(x_ptr, rm[:, None] * K + cols, x_ok, cols, K, eps, PASS_K)[:, None]
             x = _x_tile(x_ptr + k0, g_ptr + k0, x_off, rk[None, :], x_ok, k0 + rk[None, :], rstd, NORM, K, BLOCK_K,
-                        dtype)  # [16, BLOCK_K]
+                        dtype)  # [BLOCK_M, BLOCK_K]
             w_ok = _in_k(n_ok[:, None], k0 + rk[None, :], K, BLOCK_K)
             w = tl.load(w_ptrs + k0, mask=w_ok, other=0.0, eviction_policy="evict_first")
-            acc += tl.dot(x, tl.trans(w), input_precision=PRECISION)  # [16, BLOCK_N]
+            acc += tl.dot(x, tl.trans(w), input_precision=PRECISION)  # [BLOCK_M, BLOCK_N]
             if GLU:
                 up = tl.load(w_ptrs + N * K + k0, mask=w_ok, other=0.0, eviction_policy="evict_first")
                 acc_up += tl.dot(x, tl.trans(up), input_precision=PRECISION)
         if SPLIT_K == 1:
-            _rows_epilogue(acc, acc_up, r, y_ptr, s_ptr, pid, rm, rn, m_ok, mn_ok, N, GLU, RESIDUAL, SQUARES, BLOCK_N)
+            _rows_epilogue(acc, acc_up, r, y_ptr, s_ptr, pid, rm, rn, m_ok, mn_ok, N, GLU, RESIDUAL, SQUARES, BLOCK_N,
+                           BLOCK_M)
         else:
-            part = p_ptr + rm[:, None] * N + rn[None, :]  # [16, BLOCK_N] in slice 0, gate half
+            part = p_ptr + rm[:, None] * N + rn[None, :]  # [BLOCK_M, BLOCK_N] in slice 0, gate half
             slice_size = M * N
             if GLU:
                 slice_size = 2 * M * N
@@ -370,14 +381,14 @@ if triton is not None:
             tl.debug_barrier()
             if tl.atomic_add(c_ptr + pid, 1, sem="acq_rel") == SPLIT_K - 1:
                 tl.atomic_xchg(c_ptr + pid, 0)
-                acc = tl.zeros((16, BLOCK_N), tl.float32)
+                acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
                 acc_up = acc
                 for s in tl.static_range(SPLIT_K):  # in slice order, whichever program is last
                     acc += tl.load(part + s * slice_size, mask=mn_ok, other=0.0, cache_modifier=".cg")
                     if GLU:
                         acc_up += tl.load(part + s * slice_size + M * N, mask=mn_ok, other=0.0, cache_modifier=".cg")
                 _rows_epilogue(acc, acc_up, r, y_ptr, s_ptr, pid, rm, rn, m_ok, mn_ok, N, GLU, RESIDUAL, SQUARES,
-                               BLOCK_N)
+                               BLOCK_N, BLOCK_M)
 
     def _k_fits(configs, named_args, **kwargs):
         # the configurations whose slices tile K (K % (SPLIT_K BLOCK_K) == 0); the unsplit ones
@@ -431,11 +442,27 @@ def split_counts(device: torch.device, n: int) -> torch.Tensor:
     return kept[-1]
 
 
+@contextmanager
+def wide_rows(on: bool):
+    """Inside the block, 17 to WIDE_ROWS rows run the rows kernel (the norm applied beforehand in
+    torch: module docstring) where on, the torch composition where not; after it, as before.
+    For benchmarks (a CUDA graph keeps what held at its capture)."""
+    global MAX_ROWS
+    saved = MAX_ROWS
+    MAX_ROWS = WIDE_ROWS if on else 16
+    try:
+        yield
+    finally:
+        MAX_ROWS = saved
+
+
 def supported(x: torch.Tensor, w: torch.Tensor) -> bool:
-    """The kernels' domain: CUDA, at most 16 rows, contiguous weights of x's dtype (any K: a
-    width BLOCK_K does not divide masks its last tile)."""
+    """The kernels' domain: CUDA, at most MAX_ROWS rows (16 under torch.compile: wide rows have
+    not run there), contiguous weights of x's dtype (any K: a width BLOCK_K does not divide
+    masks its last tile)."""
     M = x.numel() // x.shape[-1]
-    return triton is not None and x.is_cuda and M <= 16 and w.is_contiguous() and x.dtype == w.dtype
+    most = 16 if torch.compiler.is_compiling() else MAX_ROWS
+    return triton is not None and x.is_cuda and M <= most and w.is_contiguous() and x.dtype == w.dtype
 
 
 def project(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor] = None, *,
@@ -445,12 +472,13 @@ def project(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor] = None, 
     """x: [..., K], w: [N, K] (glu: [2H, K]), norm: [K] gamma, residual: [..., N] ->
     [..., N] (glu: [..., H]). The Triton kernel where `kernel` and `supported`, for 1 to 16 rows
     with any of the folds (gamma and the residual in x's dtype, the residual of y's shape: no
-    broadcasting); else `reference`, which a bias always takes.
+    broadcasting), and inside `wide_rows(True)` to WIDE_ROWS rows (past 16 the norm applied
+    beforehand, in torch); else `reference`, which a bias always takes.
 
     Norms from squares (module docstring): squares=True returns (y, s), s [M, cdiv(N,
     SQUARES_GROUP)] fp32 the squares of y's (rounded) entries summed by SQUARES_GROUP columns
-    (`squares` in torch), written by the rows kernel's epilogue, or None where the rows kernel
-    did not run (one row, the torch composition); norm_squares: x's s, from which the rows
+    (`squares` in torch), written by the rows kernel's epilogue, or None where it did not sum
+    them (one row, more than 16, the torch composition); norm_squares: x's s, from which the rows
     kernel then takes the norm's rstd instead of its pass over x."""
     *lead, K = x.shape
     M = x.numel() // K
@@ -460,6 +488,8 @@ def project(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor] = None, 
     if not (kernel and b is None and folds_fit and supported(x, w)):
         y = reference(x, w, b, norm=norm, eps=eps, glu=glu, residual=residual)
         return (y, None) if squares else y
+    if M > 16 and norm is not None:  # wide rows: the norm once, not re-done by every program
+        x, norm, norm_squares = rms_norm(x, norm, eps), None, None
     x2 = x.reshape(M, K)
     if not x2.is_contiguous():
         x2 = x2.contiguous()
@@ -475,7 +505,7 @@ def project(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor] = None, 
         return (y.view(*lead, N), None) if squares else y.view(*lead, N)
     # fp32: full-precision products, not tl.dot's default TF32
     precision = "ieee" if x.dtype == torch.float32 else "tf32"
-    rows = 1 << (M - 1).bit_length()  # the bucket: 2, 4, 8 or 16
+    rows = 1 << (M - 1).bit_length()  # the bucket: 2, 4, 8, 16 (32, 64: wide rows)
     if kernel in (_rows_split_kernel, _rows_split_glu_kernel):
         parts = torch.empty(max(SPLITS) * (2 if glu else 1) * M * N, dtype=torch.float32, device=x.device)
         counts = split_counts(x.device, triton.cdiv(N, 16))  # the narrowest tile's count of column tiles
@@ -488,10 +518,13 @@ def project(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor] = None, 
             raise ValueError(f"norm_squares: {tuple(norm_squares.shape)} {norm_squares.dtype}, not [{M}, {groups}] "
                              "contiguous float32 (x's squares by squares=True)")
         width, xs = squares_width(K), norm_squares
-    s = torch.empty(M, triton.cdiv(N, SQUARES_GROUP), dtype=torch.float32, device=x.device) if squares else y
+    summed = squares and M <= 16  # past 16 rows the next norm runs in torch: no squares
+    s = torch.empty(M, triton.cdiv(N, SQUARES_GROUP), dtype=torch.float32, device=x.device) if summed else y
     kernel[grid](x2, w, y, g, r, parts, counts, xs, s, M, rows, N, K, eps, precision, NORM_SQUARES=width,
-                 SQUARES=squares, **folds)
-    return (y.view(*lead, N), s) if squares else y.view(*lead, N)
+                 SQUARES=summed, BLOCK_M=max(16, rows), **folds)
+    if squares:
+        return y.view(*lead, N), s if summed else None
+    return y.view(*lead, N)
 
 
 def tuner(M: int, N: int, glu: bool, K: int):

@@ -64,7 +64,7 @@ def _launch(x, w, kw, split_k: int = 1, counts=None, block_k: int = 0, loop_stag
         gemv._rows_kernel.fn[(triton.cdiv(N, block_n), split_k)](
             x, w, y, kw.get("norm", x), r, parts, counts, y if norm_squares is None else norm_squares, s, M, 16, N,
             K, 1e-5, "ieee", **folds, NORM_SQUARES=width, SQUARES=squares, PDL=False, BLOCK_N=block_n,
-            BLOCK_K=block_k or 128, SPLIT_K=split_k)
+            BLOCK_K=block_k or 128, SPLIT_K=split_k, BLOCK_M=max(16, 1 << (M - 1).bit_length()))
         if squares:
             return y, s
     return y
@@ -90,8 +90,10 @@ def test_one_row_kernel_with_1024_wide_tiles(fold):
 
 
 @pytest.mark.parametrize("fold", list(FOLDS))
-@pytest.mark.parametrize("M", [2, 9, 16])
+@pytest.mark.parametrize("M", [2, 9, 16, 17, 33, 64])
 def test_few_rows_kernel_matches_the_torch_composition(fold, M):
+    """2 to 16 rows in a 16-row tile; 17 to 32 in 32 and 33 to 64 in 64 (gemv.wide_rows, where
+    project applies the norm beforehand; the kernel's own fold is checked here too)."""
     x, w, kw = _case(fold, M=M)
     expected = gemv.reference(x, w, eps=1e-5, **kw)
     tol = 5e-3 if CUDA else 1e-5  # see the module docstring
@@ -258,14 +260,50 @@ def test_project_falls_back_outside_the_kernels_domain():
 
 @pytest.mark.skipif(not CUDA, reason="the autotuned launch needs a GPU; the kernels run above through the interpreter")
 @pytest.mark.parametrize("fold", list(FOLDS))
-@pytest.mark.parametrize("M", [1, 9, 16])
+@pytest.mark.parametrize("M", [1, 9, 16, 33])
 def test_project_on_cuda_in_bf16(fold, M):
+    """33 rows: inside gemv.wide_rows(True)."""
     x, w, kw = _case(fold, M=M, K=4096, N=1000)
     x, w = x.cuda().bfloat16(), w.cuda().bfloat16()
     kw = {k: (v.cuda().bfloat16() if torch.is_tensor(v) else v) for k, v in kw.items()}
     expected = gemv.project(x, w, eps=1e-5, kernel=False, **kw).float()
-    got = gemv.project(x, w, eps=1e-5, **kw).float()
+    with gemv.wide_rows(M > 16):
+        assert gemv.supported(x, w)
+        got = gemv.project(x, w, eps=1e-5, **kw).float()
     assert (got - expected).abs().max() <= 0.02 * expected.abs().max()
+
+
+@pytest.mark.parametrize("fold", list(FOLDS))
+def test_wide_rows_apply_the_norm_beforehand_then_restore(monkeypatch, fold):
+    """project at 33 rows: the torch composition outside gemv.wide_rows; inside it the rows
+    kernel in a 64-row tile, the norm applied in torch first (the launch has no NORM fold and
+    sums no squares, so squares=True gives None), within fp32's 1e-5 of the composition. The
+    kernel runs through the interpreter at one tile (the autotuner needs a GPU), and
+    `supported`'s CUDA check is stood in for."""
+    launched = []
+
+    class OneTile:  # the rows tuner's launch at one configuration
+        def __getitem__(self, grid):
+            config = dict(BLOCK_N=16, BLOCK_K=128, SPLIT_K=1)
+
+            def launch(*args, **kwargs):
+                launched.append(kwargs)
+                return gemv._rows_kernel.fn[grid(config)](*args, **kwargs, **config)
+            return launch
+
+    monkeypatch.setattr(gemv, "supported", lambda x, w: x.numel() // x.shape[-1] <= gemv.MAX_ROWS)
+    monkeypatch.setattr(gemv, "tuner", lambda M, N, glu, K: OneTile())
+    x, w, kw = _case(fold, M=33)
+    expected = gemv.reference(x, w, eps=1e-5, **kw)
+    assert torch.equal(gemv.project(x, w, eps=1e-5, **kw), expected) and not launched  # torch's
+    with gemv.wide_rows(True):
+        assert gemv.MAX_ROWS == gemv.WIDE_ROWS
+        got, s = gemv.project(x, w, eps=1e-5, squares=True, **kw)
+    assert gemv.MAX_ROWS == 16
+    (call,) = launched
+    assert (call["BLOCK_M"], call["NORM"], call["SQUARES"], call["GLU"]) == (64, False, False, fold == "glu")
+    assert s is None
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
 
 
 def test_decode_profile_and_attention_crossover_run_tiny(tmp_path):
