@@ -121,10 +121,10 @@ def block(s: Shape, attention, x, squares, cos, sin, where, k_cache, v_cache, le
     kernel_attention; k_cache, v_cache: [B, Hkv, S, hd]; lengths [B], ancestors [B, q, q]: where
     the new entries go and what they see; attention: one of the *_attention functions above.
     kernels: the projections through specbench.kernels.gemv where it applies (B q <= 16 input
-    rows, 64 inside gemv.wide_rows: the norms, the MLP activation and the residual adds folded into them). -> the layer's
-    output and its squares: with the kernels on several rows, each residual projection sums its
-    output's squares for the next norm (gemv.project's squares), which then makes no pass over
-    x; squares: x's (None: the norm makes its pass)."""
+    rows, 64 inside gemv.wide_rows: the norms, the MLP activation and the residual adds folded
+    into them). -> the layer's output and its squares: with the kernels on several rows, each
+    residual projection sums its output's squares for the next norm (gemv.project's squares),
+    which then makes no pass over x; squares: x's (None: the norm makes its pass)."""
     qkv = project(x, wqkv, bqkv, norm=attention_norm, eps=s.eps, kernel=kernels, norm_squares=squares)
     o = attention(qkv, cos, sin, k_cache, v_cache, lengths, ancestors, s.heads, s.kv_heads, where=where)  # [B, q, H*hd]
     x, squares = project(o, wo, residual=x, kernel=kernels, squares=True)
