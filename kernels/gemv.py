@@ -79,8 +79,10 @@ except ImportError:  # CPU installs without triton: project() runs the torch com
 # A residual projection may also return its output's squares summed by this many columns
 # (`project`'s squares), for the next projection's norm (norm_squares).
 SQUARES_GROUP = 16
-# The most rows the kernels take (B q): 16, or WIDE_ROWS inside `wide_rows(True)`
-MAX_ROWS = 16
+# The most rows the kernels take (B q): TILE_ROWS (the rows kernel's 16-row tile, tl.dot's
+# least), or WIDE_ROWS inside `wide_rows(True)`
+TILE_ROWS = 16
+MAX_ROWS = TILE_ROWS
 WIDE_ROWS = 64
 
 
@@ -449,7 +451,7 @@ def wide_rows(on: bool):
     For benchmarks (a CUDA graph keeps what held at its capture)."""
     global MAX_ROWS
     saved = MAX_ROWS
-    MAX_ROWS = WIDE_ROWS if on else 16
+    MAX_ROWS = WIDE_ROWS if on else TILE_ROWS
     try:
         yield
     finally:
@@ -461,7 +463,7 @@ def supported(x: torch.Tensor, w: torch.Tensor) -> bool:
     not run there), contiguous weights of x's dtype (any K: a width BLOCK_K does not divide
     masks its last tile)."""
     M = x.numel() // x.shape[-1]
-    most = 16 if torch.compiler.is_compiling() else MAX_ROWS
+    most = TILE_ROWS if torch.compiler.is_compiling() else MAX_ROWS
     return triton is not None and x.is_cuda and M <= most and w.is_contiguous() and x.dtype == w.dtype
 
 
@@ -488,7 +490,7 @@ def project(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor] = None, 
     if not (kernel and b is None and folds_fit and supported(x, w)):
         y = reference(x, w, b, norm=norm, eps=eps, glu=glu, residual=residual)
         return (y, None) if squares else y
-    if M > 16 and norm is not None:  # wide rows: the norm once, not re-done by every program
+    if M > TILE_ROWS and norm is not None:  # wide rows: the norm once, not re-done by every program
         x, norm, norm_squares = rms_norm(x, norm, eps), None, None
     x2 = x.reshape(M, K)
     if not x2.is_contiguous():
@@ -518,10 +520,10 @@ def project(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor] = None, 
             raise ValueError(f"norm_squares: {tuple(norm_squares.shape)} {norm_squares.dtype}, not [{M}, {groups}] "
                              "contiguous float32 (x's squares by squares=True)")
         width, xs = squares_width(K), norm_squares
-    summed = squares and M <= 16  # past 16 rows the next norm runs in torch: no squares
+    summed = squares and M <= TILE_ROWS  # past 16 rows the next norm runs in torch: no squares
     s = torch.empty(M, triton.cdiv(N, SQUARES_GROUP), dtype=torch.float32, device=x.device) if summed else y
     kernel[grid](x2, w, y, g, r, parts, counts, xs, s, M, rows, N, K, eps, precision, NORM_SQUARES=width,
-                 SQUARES=summed, BLOCK_M=max(16, rows), **folds)
+                 SQUARES=summed, BLOCK_M=max(TILE_ROWS, rows), **folds)
     if squares:
         return y.view(*lead, N), s if summed else None
     return y.view(*lead, N)

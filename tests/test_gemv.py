@@ -299,7 +299,7 @@ def test_wide_rows_apply_the_norm_beforehand_then_restore(monkeypatch, fold):
     with gemv.wide_rows(True):
         assert gemv.MAX_ROWS == gemv.WIDE_ROWS
         got, s = gemv.project(x, w, eps=1e-5, squares=True, **kw)
-    assert gemv.MAX_ROWS == 16
+    assert gemv.MAX_ROWS == gemv.TILE_ROWS == 16
     (call,) = launched
     assert (call["BLOCK_M"], call["NORM"], call["SQUARES"], call["GLU"]) == (64, False, False, fold == "glu")
     assert s is None
