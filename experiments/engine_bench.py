@@ -337,14 +337,17 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if set(args.dynamic.split(",")) - set(DYNAMIC):
         ap.error(f"--dynamic={args.dynamic}: valid: {', '.join(DYNAMIC)}")
-    block_ms = [int(v) for v in args.attention_block_m.split(",") if v.strip().isdigit()]
-    if args.attention_block_m and (len(block_ms) != len(args.attention_block_m.split(","))
-                                   or set(block_ms) - {16, 32, 64} or not args.kernels):
-        ap.error(f"--attention-block-m={args.attention_block_m}: a list of 16, 32, 64, with --kernels")
-    max_splits = [int(v) for v in args.attention_max_splits.split(",") if v.strip().isdigit()]
-    if args.attention_max_splits and (len(max_splits) != len(args.attention_max_splits.split(","))
-                                      or min(max_splits) < 1 or not args.kernels):
-        ap.error(f"--attention-max-splits={args.attention_max_splits}: a list of positive integers, with --kernels")
+    def kernels_ints(flag: str, value: str, ok, what: str) -> list:
+        # a comma-separated list of integers each passing ok, with --kernels; else one line naming the flag
+        items = value.split(",") if value else []
+        if items and not (args.kernels and all(v.strip().isdigit() and ok(int(v)) for v in items)):
+            ap.error(f"{flag}={value}: {what}, with --kernels")
+        return [int(v) for v in items]
+
+    block_ms = kernels_ints("--attention-block-m", args.attention_block_m, lambda v: v in (16, 32, 64),
+                            "a list of 16, 32, 64")
+    max_splits = kernels_ints("--attention-max-splits", args.attention_max_splits, lambda v: v >= 1,
+                              "a list of positive integers")
     kernels = args.kernels
     parts = set(args.parts.split(","))
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
