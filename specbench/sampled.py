@@ -13,10 +13,10 @@ Graphed: one per kind and input shapes), with the run's generator registered wit
 replay draws the numbers the eager call would. Graphed are the baseline's draw and the rules
 that run as Triton kernels (rule.impl=triton: one launch, no host synchronisation), but for a
 chain checked against the draft's q (Sampler.chain); the torch rules run eagerly through the
-same function. On an H100 (experiments/rule_host_bench.py, results/2026-12-07-h100-sampled-
-graphs) a chain step from the logits took 0.16 to 0.18 ms graphed against 0.53 to 0.55 eagerly
-at batch 1 and 8 (0.25 against 0.35 at 48), a tree step 0.27 to 0.31 against 0.69 to 0.70 (no
-gain at 48).
+same function. On an H100 (experiments/rule_host_bench.py,
+results/2026-12-07-h100-sampled-graphs) a chain step from the logits took 0.16 to 0.18 ms
+graphed against 0.53 to 0.55 eagerly at batch 1 and 8 (0.25 against 0.35 at 48), a tree step
+0.27 to 0.31 against 0.69 to 0.70 (no gain at 48).
 
 A call returns a Pending: the runner launches it right behind the target's forward, before it
 waits for the forward, so that the host work of the call overlaps the forward's device time,
