@@ -322,13 +322,19 @@ def cost_model_figure(frame: pd.DataFrame, verify_curve=None, rates: Sequence[fl
     """Left: measured speedup against analysis.cost_model's prediction tau / (k c + r + o + p), one
     point per speculative run (colour and marker per drafter), with y = x and a +-10 % band.
     Right: the synthetic control's measured speedup against k at a in `rates`, beside the
-    formula (see synthetic_speedup_panel). NoData where neither panel has rows."""
+    formula (see synthetic_speedup_panel). A panel without rows is left out (a sweep of real
+    drafters alone is one panel); NoData where neither has rows."""
     runs = analysis.cost_model(speculative_runs(frame), verify_curve)
-    fig = Figure(figsize=(11, 4.6), layout="constrained")
-    left, right = fig.subplots(1, 2)
-    drawn = cost_scatter_panel(left, runs) + synthetic_speedup_panel(right, runs, verify_curve, rates, c)
-    if not drawn:
+    panels = []
+    if not _scatter_rows(runs).empty:
+        panels.append(lambda ax: cost_scatter_panel(ax, runs))
+    if not _synthetic_rows(runs, rates).empty:
+        panels.append(lambda ax: synthetic_speedup_panel(ax, runs, verify_curve, rates, c))
+    if not panels:
         raise NoData("no speculative decode runs with draft_ms / verify_ms / baseline_tpot_ms or synthetic runs")
+    fig = Figure(figsize=(5.5 * len(panels), 4.6), layout="constrained")
+    for ax, draw in zip(fig.subplots(1, len(panels), squeeze=False)[0], panels):
+        draw(ax)
     fig.suptitle(f"Cost model: speedup = tau / (k c + r + o + p)\n{_context(runs)}", fontsize=10)
     return fig
 
@@ -347,8 +353,7 @@ def synthetic_speedup_figure(frame: pd.DataFrame, verify_curve=None, rates: Sequ
 
 def cost_scatter_panel(ax, runs: pd.DataFrame) -> int:
     """Measured vs predicted speedup for rows of analysis.cost_model -> the points drawn."""
-    runs = runs.assign(measured=measured_speedup(runs))
-    runs = runs[np.isfinite(runs.predicted_speedup) & np.isfinite(runs.measured)]
+    runs = _scatter_rows(runs)
     if runs.empty:
         _empty(ax, "no runs with draft_ms, verify_ms and a baseline TPOT")
         return 0
@@ -378,12 +383,8 @@ def synthetic_speedup_panel(ax, runs: pd.DataFrame, verify_curve=None, rates: Se
     to the nearest of `rates` within 0.025. c: the argument, else the median c_measured of these
     runs; r: verify_curve at k + 1, else the median r_measured per k (linear between ks), else 1.
     No curves where c is unknown. -> the points drawn."""
-    rows = runs[runs.drafter == "synthetic"] if "drafter" in runs.columns else runs.iloc[:0]
-    rows = rows.assign(a=analysis.synthetic_rate(rows), measured=measured_speedup(rows))
+    rows = _synthetic_rows(runs, rates)
     grid = np.asarray(rates, dtype=float)
-    nearest = grid[np.abs(rows.a.to_numpy()[:, None] - grid[None, :]).argmin(axis=1)] if len(rows) else []
-    rows = rows.assign(a_nominal=nearest)
-    rows = rows[(np.abs(rows.a - rows.a_nominal) <= 0.025) & np.isfinite(rows.measured)]
     if rows.empty:
         _empty(ax, f"no synthetic-control runs at a in {', '.join(f'{a:g}' for a in rates)}")
         return 0
@@ -413,6 +414,23 @@ def synthetic_speedup_panel(ax, runs: pd.DataFrame, verify_curve=None, rates: Se
     model = "no formula: c unknown" if c is None else f"formula: c = {c:.3g}, {r_label}"
     ax.set_title(f"Synthetic control: speedup vs k\n{model}", fontsize=10)
     return points
+
+
+def _scatter_rows(runs: pd.DataFrame) -> pd.DataFrame:
+    """The rows of analysis.cost_model with a finite prediction and measured speedup (`measured`)."""
+    runs = runs.assign(measured=measured_speedup(runs))
+    return runs[np.isfinite(runs.predicted_speedup) & np.isfinite(runs.measured)]
+
+
+def _synthetic_rows(runs: pd.DataFrame, rates: Sequence[float]) -> pd.DataFrame:
+    """The synthetic control's rows whose rate a is within 0.025 of one of `rates` (`a_nominal`),
+    with a finite measured speedup (`measured`)."""
+    rows = runs[runs.drafter == "synthetic"] if "drafter" in runs.columns else runs.iloc[:0]
+    rows = rows.assign(a=analysis.synthetic_rate(rows), measured=measured_speedup(rows))
+    grid = np.asarray(rates, dtype=float)
+    nearest = grid[np.abs(rows.a.to_numpy()[:, None] - grid[None, :]).argmin(axis=1)] if len(rows) else []
+    rows = rows.assign(a_nominal=nearest)
+    return rows[(np.abs(rows.a - rows.a_nominal) <= 0.025) & np.isfinite(rows.measured)]
 
 
 def _r_of_k(rows: pd.DataFrame, ks: np.ndarray, verify_curve) -> tuple[np.ndarray, str]:

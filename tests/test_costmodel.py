@@ -172,6 +172,21 @@ def test_cost_model_figure_renders(tmp_path):
     assert curve_k4 == pytest.approx(predicted_speedup(expected_tokens(0.9, 4), 4, 0.05, 1.08))
 
 
+def test_cost_model_figure_leaves_out_a_panel_without_rows():
+    """Real drafters alone (a runner_suite's real part) make one panel, the scatter; synthetic
+    rows without their costs (no prediction to scatter) one panel, their speedups against k."""
+    real = pd.DataFrame([
+        _row(drafter="ngram", k=3, tokens_per_round=2.2, draft_ms=0.3, verify_ms=10.5, baseline_tpot_ms=10.0,
+             speedup=1.9, tpot_ms=5.3),
+    ])
+    (ax,) = figures.cost_model_figure(real).axes
+    assert sum(len(c.get_offsets()) for c in ax.collections if isinstance(c, PathCollection)) == 1
+    synthetic = _synthetic_frame().drop(columns=["draft_ms", "verify_ms", "baseline_tpot_ms"])
+    (ax,) = figures.cost_model_figure(synthetic).axes
+    assert sum(len(line.get_xdata()) for line in ax.lines if line.get_linestyle() == "None") == 16
+    assert len(figures.cost_model_figure(_synthetic_frame()).axes) == 2  # with costs: both panels
+
+
 def test_cost_model_figure_without_costs_or_synthetic_rows_is_no_data():
     frame = pd.DataFrame([_row(drafter="ngram", k=3, tokens_per_round=2.0, speedup=1.4, tpot_ms=5.0)])
     with pytest.raises(figures.NoData):
