@@ -49,7 +49,9 @@ class Shape:
     head_dim: int
     hidden: int  # MLP intermediate size
     eps: float
-    qkv_bias: bool = False  # Qwen2
+    qkv_bias: bool = False  # Qwen2, Llama with attention_bias
+    o_bias: bool = False  # Llama with attention_bias (its o_proj too; Qwen2's o_proj has none)
+    sliding_window: Optional[int] = None  # Mistral's, or Qwen2's with use_sliding_window: the most keys a query sees
 
     @classmethod
     def of(cls, config) -> Shape:
@@ -59,12 +61,16 @@ class Shape:
         if getattr(config, "mlp_bias", False) or getattr(config, "hidden_act", "silu") != "silu":
             raise ValueError("engine=native: a biased or non-SiLU MLP is not supported; use engine=hf")
         heads = config.num_attention_heads
+        attention_bias = bool(getattr(config, "attention_bias", False))
+        window = getattr(config, "sliding_window", None)
         return cls(
             vocab_size=config.vocab_size, dim=config.hidden_size, layers=config.num_hidden_layers, heads=heads,
             kv_heads=config.num_key_value_heads or heads,
             head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
             hidden=config.intermediate_size, eps=config.rms_norm_eps,
-            qkv_bias=config.model_type == "qwen2" or bool(getattr(config, "attention_bias", False)),
+            qkv_bias=config.model_type == "qwen2" or attention_bias,
+            o_bias=config.model_type != "qwen2" and attention_bias,
+            sliding_window=window if getattr(config, "use_sliding_window", config.model_type == "mistral") else None,
         )
 
 
@@ -114,7 +120,7 @@ def kernel_attention(*args, where):
 
 
 def block(s: Shape, attention, x, squares, cos, sin, where, k_cache, v_cache, lengths, ancestors,
-          attention_norm, wqkv, bqkv, wo, ffn_norm, w13, w2, kernels: bool = False):
+          attention_norm, wqkv, bqkv, wo, bo, ffn_norm, w13, w2, kernels: bool = False):
     """One decoder layer as a function of its weights, so that one compiled function serves
     every layer. x: [B, q, D]; cos, sin: [B, q, 1, hd]; where: (mask [B, 1, G*q, S] bool,
     (rows [B, 1], slots [B, q])) for the torch attentions, the merge counts for
@@ -127,7 +133,7 @@ def block(s: Shape, attention, x, squares, cos, sin, where, k_cache, v_cache, le
     which then makes no pass over x; squares: x's (None: the norm makes its pass)."""
     qkv = project(x, wqkv, bqkv, norm=attention_norm, eps=s.eps, kernel=kernels, norm_squares=squares)
     o = attention(qkv, cos, sin, k_cache, v_cache, lengths, ancestors, s.heads, s.kv_heads, where=where)  # [B, q, H*hd]
-    x, squares = project(o, wo, residual=x, kernel=kernels, squares=True)
+    x, squares = project(o, wo, bo, residual=x, kernel=kernels, squares=True)
     h = project(x, w13, norm=ffn_norm, eps=s.eps, glu=True, kernel=kernels, norm_squares=squares)  # [B, q, hidden]
     return project(h, w2, residual=x, kernel=kernels, squares=True)
 
@@ -144,14 +150,14 @@ class Block(nn.Module):
         super().__init__()
         self.attention_norm = RMSNorm(s.dim, s.eps)
         self.wqkv = nn.Linear(s.dim, (s.heads + 2 * s.kv_heads) * s.head_dim, bias=s.qkv_bias)
-        self.wo = nn.Linear(s.heads * s.head_dim, s.dim, bias=False)
+        self.wo = nn.Linear(s.heads * s.head_dim, s.dim, bias=s.o_bias)
         self.ffn_norm = RMSNorm(s.dim, s.eps)
         self.w13 = nn.Linear(s.dim, 2 * s.hidden, bias=False)  # gate and up
         self.w2 = nn.Linear(s.hidden, s.dim, bias=False)
 
     @property
     def weights(self) -> tuple:
-        return (self.attention_norm.weight, self.wqkv.weight, self.wqkv.bias, self.wo.weight,
+        return (self.attention_norm.weight, self.wqkv.weight, self.wqkv.bias, self.wo.weight, self.wo.bias,
                 self.ffn_norm.weight, self.w13.weight, self.w2.weight)
 
 
@@ -222,9 +228,11 @@ class Transformer(nn.Module):
         """The same weights as a transformers Llama / Mistral / Qwen2 model, fused (copies)."""
         config = getattr(model.config, "text_config", model.config)
         s = Shape.of(config)
-        if getattr(config, "use_sliding_window", config.model_type == "mistral") and getattr(config, "sliding_window", None):
-            raise ValueError(f"engine=native has no sliding-window attention (sliding_window={config.sliding_window})")
         rotary = model.model.rotary_emb
+        rope_type = getattr(rotary, "rope_type", "default")
+        if "dynamic" in rope_type or rope_type == "longrope":  # transformers recomputes these with the length
+            raise ValueError(f"engine=native keeps RoPE's frequencies fixed, not rope_type={rope_type} "
+                             "(its frequencies change with the sequence length); use engine=hf")
         param = next(model.parameters())
         with torch.device("meta"):
             native = cls(s, torch.zeros(s.head_dim // 2), float(getattr(rotary, "attention_scaling", 1.0)))
@@ -240,6 +248,8 @@ class Transformer(nn.Module):
             if s.qkv_bias:
                 own[f"layers.{i}.wqkv.bias"] = torch.cat([hf[p + f"self_attn.{n}_proj.bias"] for n in "qkv"])
             own[f"layers.{i}.wo.weight"] = hf[p + "self_attn.o_proj.weight"]
+            if s.o_bias:
+                own[f"layers.{i}.wo.bias"] = hf[p + "self_attn.o_proj.bias"]
             own[f"layers.{i}.w13.weight"] = torch.cat([hf[p + "mlp.gate_proj.weight"], hf[p + "mlp.up_proj.weight"]])
             own[f"layers.{i}.w2.weight"] = hf[p + "mlp.down_proj.weight"]
             own[f"layers.{i}.attention_norm.weight"] = hf[p + "input_layernorm.weight"]
@@ -266,6 +276,10 @@ class NativeEngine:
                  compile_scope: str = "layer", compile_dynamic: Optional[bool] = False, kernels: bool = False,
                  compile_prefill: bool = True):
         s = model.s
+        if s.sliding_window is not None and max_length > s.sliding_window:
+            # within the window every query sees every key before it: full attention is exact
+            raise ValueError(f"engine=native has no sliding-window attention: max_length {max_length} exceeds the "
+                             f"model's sliding_window={s.sliding_window}; use engine=hf or shorter requests")
         param = next(model.parameters())
         self.model, self.rows, self.feature_layers = model, rows, tuple(feature_layers)
         self.device, self.dtype, self.vocab_size = param.device, param.dtype, s.vocab_size
@@ -334,6 +348,8 @@ class NativeEngine:
         is a few forwards where one a request cost 48, and the requests that wait for them
         wait that much less (the runner admits every free row at once)."""
         for T in (p.shape[0] for p in prompts):
+            if T == 0:  # its logits would be a padding position's
+                raise ValueError("an empty prompt: a prefill needs at least one token")
             if T > self.max_length:
                 raise ValueError(f"a prompt of {T} tokens does not fit the engine's max_length {self.max_length}")
         if self._prefill_cold:

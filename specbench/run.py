@@ -212,19 +212,19 @@ def build_engine(cfg: DictConfig, model, inputs: list, feature_layers: tuple, sp
         return HFEngine(model, cfg.batch_size, feature_layers=feature_layers)
     from specbench.engines.native import NativeEngine, Transformer
 
-    try:
-        native = Transformer.from_hf(model)
-    except ValueError as e:
-        raise ConfigError("engine", cfg.engine.name, str(e)) from None
     topk, tokens = tree_shape(cfg)
     q = 1 + max(cfg.k * topk, tokens or 0) if speculative and cfg.drafter is not None else 1
     longest = max(x.shape[0] for x in inputs)
-    return NativeEngine(
-        native, cfg.batch_size, longest + cfg.max_new_tokens + q + 1, feature_layers=feature_layers,
-        cuda_graphs=cfg.engine.cuda_graphs, compile=cfg.engine.compile, compile_mode=cfg.engine.compile_mode,
-        compile_scope=cfg.engine.compile_scope, compile_dynamic=cfg.engine.compile_dynamic, kernels=cfg.engine.kernels,
-        compile_prefill=cfg.engine.compile_prefill,
-    )
+    try:  # a model the native engine does not run (its family, RoPE, a sliding window the run would pass)
+        return NativeEngine(
+            Transformer.from_hf(model), cfg.batch_size, longest + cfg.max_new_tokens + q + 1,
+            feature_layers=feature_layers, cuda_graphs=cfg.engine.cuda_graphs, compile=cfg.engine.compile,
+            compile_mode=cfg.engine.compile_mode, compile_scope=cfg.engine.compile_scope,
+            compile_dynamic=cfg.engine.compile_dynamic, kernels=cfg.engine.kernels,
+            compile_prefill=cfg.engine.compile_prefill,
+        )
+    except ValueError as e:
+        raise ConfigError("engine", cfg.engine.name, str(e)) from None
 
 
 def baseline_path(cfg: DictConfig, device: str, dtype: torch.dtype, num_prompts: int, code: str | None) -> Path:

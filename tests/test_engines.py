@@ -22,7 +22,12 @@ FAMILIES = {
     "llama": lambda: LlamaForCausalLM(LlamaConfig(**COMMON, tie_word_embeddings=True)),
     "llama3-rope": lambda: LlamaForCausalLM(LlamaConfig(**COMMON, rope_theta=500000.0, rope_scaling=dict(
         rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=64))),
+    "llama-yarn": lambda: LlamaForCausalLM(LlamaConfig(**COMMON, rope_scaling=dict(
+        rope_type="yarn", factor=4.0, original_max_position_embeddings=64))),
+    "llama-attention-bias": lambda: LlamaForCausalLM(LlamaConfig(**COMMON, attention_bias=True)),  # o_proj's too
     "mistral": lambda: MistralForCausalLM(MistralConfig(**COMMON, sliding_window=None)),
+    # a window wider than the engine's 64 tokens never binds: the native engine takes the model
+    "mistral-wide-window": lambda: MistralForCausalLM(MistralConfig(**COMMON, sliding_window=128)),
     "qwen2": lambda: Qwen2ForCausalLM(Qwen2Config(**COMMON, use_sliding_window=False)),
 }
 
@@ -68,6 +73,31 @@ def test_native_logits_match_transformers(family):
             for node, branch in enumerate([[0], [0, 1], [0, 2], [0, 1, 3], [0, 2, 4]]):
                 ref = model(torch.cat([history, step[row, branch]])[None]).logits[0, -1]
                 assert rel(logits[row, node], ref) < 1e-4, (row, node)
+
+
+@pytest.mark.parametrize("rope", [dict(rope_type="dynamic", factor=2.0),
+                                  dict(rope_type="longrope", short_factor=[1.0] * 4, long_factor=[2.0] * 4,
+                                       original_max_position_embeddings=64)])
+def test_native_refuses_rope_whose_frequencies_follow_the_length(rope):
+    """transformers recomputes dynamic and longrope frequencies as a sequence grows; the native
+    engine's are fixed at load, so it refuses them in one line naming the rope_type."""
+    model = LlamaForCausalLM(LlamaConfig(**COMMON, rope_scaling=rope)).eval()
+    with pytest.raises(ValueError, match=f"rope_type={rope['rope_type']}"):
+        Transformer.from_hf(model)
+
+
+def test_native_refuses_a_sliding_window_its_requests_would_pass():
+    model = MistralForCausalLM(MistralConfig(**COMMON, sliding_window=16)).eval()
+    native = Transformer.from_hf(model)
+    NativeEngine(native, 1, 16)  # within the window every key is seen: exact
+    with pytest.raises(ValueError, match="max_length 17 exceeds the model's sliding_window=16"):
+        NativeEngine(native, 1, 17)
+
+
+def test_native_refuses_an_empty_prompt(tiny_model):
+    engine = make_engine("native", tiny_model)
+    with pytest.raises(ValueError, match="empty prompt"):
+        engine.prefill(0, torch.tensor([], dtype=torch.long))
 
 
 def test_rollback_moves_lengths_not_memory(tiny_model):
