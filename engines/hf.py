@@ -63,6 +63,23 @@ class HFEngine:
         self.cache = DynamicCache()
         self._cache_arg = cache_kwarg(model)
         self._last_q = 0  # inputs of the last forward, not yet kept or dropped
+        # A tree's 4D mask replaces transformers' own, sliding windows included: the window a
+        # tree mask must apply, and whether only some layers slide (Qwen2 past max_window_layers:
+        # then a mask per layer type). Chains pass no mask, so transformers applies the window.
+        config = getattr(model.config, "text_config", model.config)
+        types = set(getattr(config, "layer_types", None) or ())
+        window = getattr(config, "sliding_window", None)
+        self._window = window if window and types != {"full_attention"} else None
+        self._mixed = self._window is not None and "full_attention" in types
+
+    def _tree_mask(self, prefix: int, depth: torch.Tensor, ancestors: torch.Tensor):
+        """The 4D mask of a tree forward after `prefix` cached tokens (specbench.tree), windowed
+        where the model's layers slide, or one per layer type where only some do."""
+        full = attention_mask(prefix, ancestors, self.dtype, self.device)  # [1, 1, q, P + q]
+        if self._window is None:
+            return full
+        windowed = attention_mask(prefix, ancestors, self.dtype, self.device, depth, self._window)
+        return {"full_attention": full, "sliding_attention": windowed} if self._mixed else windowed
 
     def _call(self, input_ids: torch.Tensor, **kwargs):
         layers = self.feature_layers
@@ -102,7 +119,7 @@ class HFEngine:
         kwargs = {}
         if depth is not None:
             P = self.cache.get_seq_length()
-            mask = attention_mask(P, ancestors[0], self.dtype, self.device)  # [1, 1, q, P + q]
+            mask = self._tree_mask(P, depth[0], ancestors[0])
             kwargs = dict(attention_mask=mask, position_ids=(P + depth.to(self.device)))
         self._last_q = tokens.shape[1]
         logits, features = self._call(tokens.to(self.device), **kwargs)

@@ -10,7 +10,7 @@ and parents[i] < i for every other node. Siblings keep their order: the order th
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import numpy as np
 import torch
@@ -146,10 +146,18 @@ def select_nodes(parents: torch.Tensor, scores: torch.Tensor, max_nodes: int) ->
     return (kept[0], tree_parents[0]) if single else (kept, tree_parents)
 
 
-def attention_mask(prefix: int, mask: torch.Tensor, dtype: torch.dtype, device) -> torch.Tensor:
-    """The verify forward's 4D additive mask: every node sees the whole cached prefix and its own
+def attention_mask(prefix: int, mask: torch.Tensor, dtype: torch.dtype, device, depth: Optional[torch.Tensor] = None,
+                   window: Optional[int] = None) -> torch.Tensor:
+    """The verify forward's 4D additive mask: every node sees the cached prefix and its own
     ancestors. mask: [N, N] bool -> [1, 1, N, P + N] with 0 where attended and the dtype's
-    minimum elsewhere (the form both eager and SDPA attention take)."""
+    minimum elsewhere (the form both eager and SDPA attention take). window (a sliding window's
+    size; depth [N] then gives each node's position P + depth): a node sees only keys less than
+    `window` positions before its own, as transformers' sliding-window layers do."""
     N = mask.shape[0]
-    seen = torch.cat([torch.ones(N, prefix, dtype=torch.bool), mask.cpu()], dim=1).to(device)
+    seen = torch.cat([torch.ones(N, prefix, dtype=torch.bool), mask.cpu()], dim=1)  # [N, P + N]
+    if window is not None:
+        at = prefix + depth.cpu()  # [N] the nodes' positions
+        keys = torch.cat([torch.arange(prefix), at])  # [P + N] the keys' positions
+        seen &= keys[None, :] > at[:, None] - window
+    seen = seen.to(device)
     return torch.zeros(seen.shape, dtype=dtype, device=device).masked_fill(~seen, torch.finfo(dtype).min)[None, None]

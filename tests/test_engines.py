@@ -100,6 +100,40 @@ def test_native_refuses_an_empty_prompt(tiny_model):
         engine.prefill(0, torch.tensor([], dtype=torch.long))
 
 
+@pytest.mark.parametrize("family", ["mistral", "qwen2-some-layers"])
+def test_hf_tree_verify_keeps_the_sliding_window(family):
+    """A tree forward on the hf engine past a sliding window (4 keys; 10 cached tokens) equals a
+    plain transformers forward over each node's path: the tree's mask is windowed where the
+    layers slide (Mistral: all of them; Qwen2 past max_window_layers: layers 1 and 2, a mask
+    per layer type). A chain is checked beside it (no mask: transformers' own)."""
+    torch.manual_seed(0)
+    if family == "mistral":
+        model = MistralForCausalLM(MistralConfig(**COMMON, sliding_window=4))
+    else:
+        model = Qwen2ForCausalLM(Qwen2Config(**COMMON, use_sliding_window=True, sliding_window=4, max_window_layers=1))
+        assert model.config.layer_types == ["full_attention", "sliding_attention", "sliding_attention"]
+    model = model.eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(8.0 if p.dim() > 1 else 1.0)
+    g = torch.Generator().manual_seed(0)
+    prefix = torch.randint(0, 96, (10,), generator=g)
+    step = torch.tensor([[17, 5, 6, 9]])  # the last emitted token, then drafts
+    engine = make_engine("hf", model)
+    tree = compile_tree(torch.tensor([-1, 0, 0, 1]))
+    with torch.no_grad():
+        engine.prefill(0, prefix)
+        chain = engine.forward(step)
+        ref = model(torch.cat([prefix, step[0]])[None]).logits[0, -4:]
+        assert rel(chain[0], ref) < 1e-4
+        engine.advance([[0]])
+        engine.prefill(0, prefix)
+        logits = engine.forward(step, tree.depth[None], tree.mask[None])
+        for node, path in enumerate([[0], [0, 1], [0, 2], [0, 1, 3]]):
+            ref = model(torch.cat([prefix, step[0, path]])[None]).logits[0, -1]
+            assert rel(logits[0, node], ref) < 1e-4, node
+
+
 def test_rollback_moves_lengths_not_memory(tiny_model):
     """A chain's rollback changes lengths only; rejected entries stay in memory, masked, and
     the next forward equals a plain forward over the kept tokens."""
