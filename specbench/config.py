@@ -16,6 +16,10 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 
+# The least temperature that samples (vLLM reads anything below it as greedy); 0 is greedy.
+MIN_TEMPERATURE = 1e-5
+
+
 class ConfigError(ValueError):
     """Bad input, reported as one line that names the key and the value."""
 
@@ -319,6 +323,8 @@ def validate(cfg: DictConfig | SpecBenchConfig) -> None:
         raise ConfigError("k", cfg.k, "must be >= 1")
     if not (cfg.temperature >= 0 and math.isfinite(cfg.temperature)):
         raise ConfigError("temperature", cfg.temperature, "must be a finite number >= 0")
+    if 0 < cfg.temperature < MIN_TEMPERATURE:  # logits / T overflows to inf near 1e-37, and p turns NaN
+        raise ConfigError("temperature", cfg.temperature, f"below {MIN_TEMPERATURE:g} sample with 0 (greedy)")
     if cfg.top_k < 0:
         raise ConfigError("top_k", cfg.top_k, "must be >= 0 (0 disables top-k)")
     if not 0 < cfg.top_p <= 1:

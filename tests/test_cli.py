@@ -85,6 +85,7 @@ def test_the_warm_up_decodes_every_prompt_unless_short(monkeypatch, warmup, prom
         (["top_p=0"], "top_p=0.0: must be in (0, 1]"),
         (["top_p=1.2"], "top_p=1.2: must be in (0, 1]"),
         (["temperature=-1"], "temperature=-1.0"),
+        (["temperature=1e-37"], "temperature=1e-37: below 1e-05 sample with 0 (greedy)"),
         (["+drafter=ngram", "engine=hf", "batch_size=4"], "batch_size=4: engine=hf runs one request at a time"),
         (["engine.name=tensorrt"], "engine=tensorrt: valid engines: hf, native, sglang, vllm"),
         (["engine.compile_scope=graph"], "engine.compile_scope=graph: valid scopes: layer, model"),
