@@ -57,6 +57,21 @@ def test_perfect_drafter_emits_k_plus_one_per_round(tiny_model):
     assert out.rounds == 32 // 5 + 1  # 32 tokens after the prefill, 5 per round, the last short
 
 
+def test_acceptance_counts_the_rules_decisions_past_the_last_emitted_token(tiny_model):
+    """A request's last round may accept drafts past its max_new_tokens (or its EOS): they are
+    not emitted, but acceptance counts them, as vLLM's scheduler counts accepted drafts before
+    its stop checks; tokens_per_round counts emitted tokens only (README: What a run measures)."""
+    prompt = PROMPTS[0]
+    baseline = run(tiny_model, prompt, max_new=33).tokens
+    assert len(baseline) == 33, "needs a continuation without EOS"
+    drafter = ScriptedDrafter(len(prompt), baseline, noise=0.0, vocab=96)
+    stats = SpecStats(4)
+    out = run(tiny_model, prompt, Speculation(drafter, "onehot", 4), max_new=8, stats=stats)
+    assert out.tokens == baseline[:8]  # the prefill's token, 5 from round 1, 2 of round 2's 5
+    assert out.drafted == [4, 4] and out.accepted == [4, 4] and stats.accept_pos == [1.0] * 4
+    assert sum(out.accepted) + out.rounds == 10 > len(out.tokens) - 1 == 7
+
+
 def test_sampled_speculation_is_well_formed(tiny_model):
     params = SamplingParams(temperature=0.8, top_k=20, top_p=0.9)
     prompt = PROMPTS[1]
