@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import platform
 import subprocess
@@ -24,7 +25,9 @@ def device_name(device: torch.device) -> str:
 
 
 def git_sha() -> str | None:
-    """HEAD of the specbench checkout, with "-dirty" when tracked files have uncommitted changes.
+    """HEAD of the specbench checkout; where tracked files have uncommitted changes, "-dirty-"
+    and 8 hex digits of the changes' hash, so that two different edits of one commit are two
+    codes (the SHA keys the cached baselines and the resumed rows). Untracked files are left out.
     A copy whose .git is missing or stale passes it in SPECBENCH_GIT_SHA: the device tool's GPU
     host kept the .git of the session's first commit and showed later commits as uncommitted
     changes ("9305401...-dirty" in results/2026-12-04-h200-afternoon)."""
@@ -39,7 +42,10 @@ def git_sha() -> str | None:
         if head.returncode != 0:
             return None
         dirty = git("status", "--porcelain", "--untracked-files=no").stdout.strip()
-        return head.stdout.strip() + ("-dirty" if dirty else "")
+        if not dirty:
+            return head.stdout.strip()
+        diff = subprocess.run(["git", "diff", "HEAD", "--binary"], cwd=_REPO, capture_output=True, timeout=30).stdout
+        return f"{head.stdout.strip()}-dirty-{hashlib.sha256(diff).hexdigest()[:8]}"
     except (OSError, subprocess.SubprocessError):
         return None
 
