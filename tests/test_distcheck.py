@@ -2,8 +2,8 @@
 
 Seeds are fixed; alpha for "not flagged" is 1e-3, "flagged" means p < 1e-6. Power: the toy's
 200,000 draws over 6 categories detect any TV >= 0.01 with power > 0.99 at alpha = 1e-3
-(distcheck.samples_for_power gives 78,000 for that); the end-to-end test's lossy rule shifts TV
-by about 0.1 at each position (measured: 0.22 plug-in against a 0.12 noise floor).
+(distcheck.samples_for_power gives 105,179 for that); the end-to-end test's lossy rule reads a
+plug-in TV of 0.22 at each position against the baseline's 0.12 noise floor.
 """
 
 import math
@@ -42,7 +42,18 @@ def test_pooling_merges_sparse_categories():
     assert bins.tolist() == [0, 2, 1, 2, 2]  # 3 + 1 + 2 = 6 >= 5: one "other" bin
     bins = distcheck.pool_sparse(np.array([50.0, 3.0, 20.0]))
     assert bins.tolist() == [0, 1, 1]  # "other" (3) too small: merged into the smallest kept bin
+    bins = distcheck.pool_sparse(np.array([50.0, 0.0, 20.0, 0.0]))
+    assert bins.tolist() == [0, 1, 1, 1]  # nothing expected: merged too (they were bin -1)
 
+
+def test_categories_expected_nowhere_are_tested_not_crashed():
+    """A target with exact zeros (top-k), and a two-sample position whose tail no sample drew:
+    the categories that expect nothing join the smallest kept bin, where draws in them show."""
+    p = np.array([0.5, 0.3, 0.2, 0.0])
+    assert distcheck.chisquare_gof([500, 300, 200, 0], p).pvalue > 0.99
+    assert distcheck.chisquare_gof([450, 300, 200, 50], p).pvalue < 1e-3  # mass off the support
+    same = distcheck.chisquare_homogeneity([600, 300, 100, 0, 0], [590, 310, 100, 0, 0])
+    assert same.dof == 2 and same.pvalue > 0.5
 
 def test_tests_on_exact_counts():
     p = np.array([0.4, 0.3, 0.2, 0.1, 1e-6])
@@ -61,6 +72,22 @@ def test_cauchy_combination():
     combined = [distcheck.cauchy_combination(rng.uniform(size=6)) for _ in range(4000)]
     assert stats.kstest(combined, "uniform").pvalue > 1e-3
 
+
+def test_a_position_with_nothing_to_test_is_left_out_of_the_combination():
+    """A nearly deterministic position pools to one bin (dof 0, p-value 1 by convention); in
+    the Cauchy combination a p-value of 1 outweighs every other (here 1e-12 twice), so
+    compare() leaves such positions out."""
+    from specbench.e2e import compare
+
+    assert distcheck.cauchy_combination([1e-12, 1e-12, 1.0]) > 0.5  # why: the -inf term
+    N, V = 1000, 8
+    g = torch.Generator().manual_seed(0)
+    shifted = torch.multinomial(torch.tensor([0.7, 0.3]), 2 * N, replacement=True, generator=g)
+    fair = torch.multinomial(torch.tensor([0.3, 0.7]), 4 * N, replacement=True, generator=g)
+    spec = torch.stack([shifted[:N], torch.zeros(N, dtype=torch.long), shifted[N:]], 1)  # [N, 3]
+    base = torch.stack([fair[: 2 * N], torch.zeros(2 * N, dtype=torch.long), fair[2 * N :]], 1)
+    result = compare(spec, base[:N], base[N:], V)
+    assert len(result.pvalues) == 2 and distcheck.cauchy_combination(result.pvalues) < 1e-12
 
 # --- the toy ------------------------------------------------------------------------------
 
@@ -113,7 +140,8 @@ def e2e(model, rule, samples, seed, engine="hf", rows=1, **params):
 
 @pytest.mark.parametrize("engine, rows", [("hf", 1), ("native", 8)])
 def test_end_to_end_lossless_rule_is_not_flagged(peaked_model, engine, rows):
-    """1000 speculative samples of 3 positions against 2000 baseline ones (seed 0); the lossy
+    """1000 speculative samples of 3 positions against 1000 baseline ones (seed 0; 1000 more give
+    tv_null); the lossy
     rule at the default size is flagged below (the test's power in practice). The native engine
     runs the samples 8 at a time, so ragged acceptance and row reuse are inside the check."""
     row = e2e(peaked_model, "standard", 1000, seed=0, engine=engine, rows=rows)
