@@ -399,6 +399,9 @@ def _validate_tree(cfg) -> None:
         raise ConfigError("tree.num_draft_tokens", tree.num_draft_tokens, f"must be in [2, {most}] for k={cfg.k}, topk={tree.topk}")
     if tree.topk > 1 and cfg.drafter.name in CHAIN_DRAFTERS:
         raise ConfigError("tree.topk", tree.topk, f"drafter {cfg.drafter.name} proposes chains only (topk=1); ngram_trie and the model drafters take trees")
+    if proposes_trees(cfg) and cfg.drafter.name in CHAIN_DRAFTERS:  # a chain cut short: its k drafts would overrun
+        raise ConfigError("tree.num_draft_tokens", tree.num_draft_tokens,
+                          f"drafter {cfg.drafter.name} drafts chains of k={cfg.k}: k + 1 tokens, or no tree shape")
     if proposes_trees(cfg) and cfg.drafter.get("draft_sample_method") == "probabilistic":
         raise ConfigError(
             "drafter.draft_sample_method", "probabilistic",

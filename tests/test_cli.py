@@ -95,6 +95,8 @@ def test_the_warm_up_decodes_every_prompt_unless_short(monkeypatch, warmup, prom
         (["+rule=onehot"], "rule=onehot: a rule needs a drafter"),
         (["+drafter=ngram", "drafter.min_n=4", "drafter.max_n=2"], "drafter.min_n=4"),
         (["+drafter=ngram", "+tree=sglang_5_4_8"], "tree.topk=4: drafter ngram proposes chains only"),
+        (["+drafter=ngram", "k=3", "+tree=chain", "tree.steps=3", "tree.num_draft_tokens=3"],
+         "tree.num_draft_tokens=3: drafter ngram drafts chains of k=3"),
         (["+drafter=eagle3", "+tree=chain", "tree.steps=3"], "tree.steps=3: the depth is k (k=4)"),
         (["+drafter=layerskip", "+tree=sglang_5_4_8", "tree.num_draft_tokens=99"], "tree.num_draft_tokens=99: must be in [2, 69]"),
         (["+drafter=draft_model", "drafter.draft_sample_method=probabilistic", "+tree=sglang_5_4_8"],
