@@ -104,9 +104,9 @@ class TV:
     about sqrt(C / (2 pi n)) for C equally likely categories. The interval is the basic
     (reverse-percentile) bootstrap, which corrects that bias only in part. At a true TV of 0 (a
     lossless rule) TV sits on its boundary, where the bootstrap is not valid: under the exact
-    null the 95 % interval excluded 0 in about 20 % of runs with 6 categories and in nearly all
-    with 64 (the rules' Markov check). Decide losslessness with the chi-square test; read the
-    interval as the size of a shift the test found."""
+    null the 95 % interval excludes 0 far more often than 5 % of the time, the more so the more
+    categories (the rules' Markov check has 64). Decide losslessness with the chi-square test;
+    read the interval as the size of a shift the test found."""
 
     value: float
     low: float
