@@ -45,13 +45,19 @@ def test_greedy_speculation_equals_baseline(tiny_model, rule, k):
         assert stats.rounds == out.rounds < len(baseline)
 
 
-def test_perfect_drafter_emits_k_plus_one_per_round(tiny_model):
+def perfect_drafts(model, max_new: int):
+    """PROMPTS[0]'s 33-token greedy continuation (no EOS), then speculation at k = 4 with a
+    drafter that proposes it exactly, cut at max_new -> (baseline, the decode, its SpecStats)."""
     prompt = PROMPTS[0]
-    baseline = run(tiny_model, prompt, max_new=33).tokens
+    baseline = run(model, prompt, max_new=33).tokens
     assert len(baseline) == 33, "needs a continuation without EOS"
     drafter = ScriptedDrafter(len(prompt), baseline, noise=0.0, vocab=96)
     stats = SpecStats(4)
-    out = run(tiny_model, prompt, Speculation(drafter, "onehot", 4), max_new=33, stats=stats)
+    return baseline, run(model, prompt, Speculation(drafter, "onehot", 4), max_new=max_new, stats=stats), stats
+
+
+def test_perfect_drafter_emits_k_plus_one_per_round(tiny_model):
+    baseline, out, stats = perfect_drafts(tiny_model, 33)
     assert out.tokens == baseline
     assert out.drafted[:-1] == [4] * (out.rounds - 1) and stats.accept_pos == [1.0] * 4
     assert out.rounds == 32 // 5 + 1  # 32 tokens after the prefill, 5 per round, the last short
@@ -61,12 +67,7 @@ def test_acceptance_counts_the_rules_decisions_past_the_last_emitted_token(tiny_
     """A request's last round may accept drafts past its max_new_tokens (or its EOS): they are
     not emitted, but acceptance counts them, as vLLM's scheduler counts accepted drafts before
     its stop checks; tokens_per_round counts emitted tokens only (README: What a run measures)."""
-    prompt = PROMPTS[0]
-    baseline = run(tiny_model, prompt, max_new=33).tokens
-    assert len(baseline) == 33, "needs a continuation without EOS"
-    drafter = ScriptedDrafter(len(prompt), baseline, noise=0.0, vocab=96)
-    stats = SpecStats(4)
-    out = run(tiny_model, prompt, Speculation(drafter, "onehot", 4), max_new=8, stats=stats)
+    baseline, out, stats = perfect_drafts(tiny_model, 8)
     assert out.tokens == baseline[:8]  # the prefill's token, 5 from round 1, 2 of round 2's 5
     assert out.drafted == [4, 4] and out.accepted == [4, 4] and stats.accept_pos == [1.0] * 4
     assert sum(out.accepted) + out.rounds == 10 > len(out.tokens) - 1 == 7
