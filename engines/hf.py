@@ -75,11 +75,13 @@ class HFEngine:
     def _tree_mask(self, prefix: int, depth: torch.Tensor, ancestors: torch.Tensor):
         """The 4D mask of a tree forward after `prefix` cached tokens (specbench.tree), windowed
         where the model's layers slide, or one per layer type where only some do."""
-        full = attention_mask(prefix, ancestors, self.dtype, self.device)  # [1, 1, q, P + q]
         if self._window is None:
-            return full
+            return attention_mask(prefix, ancestors, self.dtype, self.device)  # [1, 1, q, P + q]
         windowed = attention_mask(prefix, ancestors, self.dtype, self.device, depth, self._window)
-        return {"full_attention": full, "sliding_attention": windowed} if self._mixed else windowed
+        if not self._mixed:
+            return windowed
+        return {"full_attention": attention_mask(prefix, ancestors, self.dtype, self.device),
+                "sliding_attention": windowed}
 
     def _call(self, input_ids: torch.Tensor, **kwargs):
         layers = self.feature_layers
