@@ -126,9 +126,9 @@ def block(s: Shape, attention, x, squares, cos, sin, where, k_cache, v_cache, le
     (rows [B, 1], slots [B, q])) for the torch attentions, the merge counts for
     kernel_attention; k_cache, v_cache: [B, Hkv, S, hd]; lengths [B], ancestors [B, q, q]: where
     the new entries go and what they see; attention: one of the *_attention functions above.
-    kernels: the projections through specbench.kernels.gemv where it applies (B q <= 16 input
-    rows, 64 inside gemv.wide_rows: the norms, the MLP activation and the residual adds folded
-    into them). -> the layer's output and its squares: with the kernels on several rows, each
+    kernels: the projections through specbench.kernels.gemv where it applies (B q <=
+    gemv.MAX_ROWS input rows: the MLP activation and the residual adds folded into them, and to
+    16 rows the norms too; past 16 each norm is one launch of its own). -> the layer's output and its squares: with the kernels on several rows, each
     residual projection sums its output's squares for the next norm (gemv.project's squares),
     which then makes no pass over x; squares: x's (None: the norm makes its pass)."""
     qkv = project(x, wqkv, bqkv, norm=attention_norm, eps=s.eps, kernel=kernels, norm_squares=squares)

@@ -329,9 +329,11 @@ def main(argv=None) -> int:
     ap.add_argument("--b-pdl", action="store_true",
                     help="with --kernels: b also times each curve with programmatic dependent launch for forwards of up "
                          "to 16 rows (kernels/pdl.py; off by default, and otherwise for one-row forwards only)")
-    ap.add_argument("--b-wide-rows", action="store_true",
-                    help="with --kernels: b also times each curve inside gemv.wide_rows(True): forwards of 17 to 64 "
-                         "rows through the rows kernel, the norms applied beforehand, not the torch composition")
+    ap.add_argument("--b-max-rows", default="",
+                    help="with --kernels: b also times each curve with the projection kernels taking forwards of at "
+                         "most each of these many rows (a list, 16 to 64: gemv.max_rows; the default is "
+                         "gemv.MAX_ROWS, 33); 16 is torch's projections past 16 rows, main's before 2026-12-08")
+    ap.add_argument("--b-contexts", default="512,4096", help="b's context lengths (--tiny: 32,128)")
     ap.add_argument("--b-without-kernels", action="store_true",
                     help="with --kernels: b also times each curve without them (compiled layers, as the runner's rows ran)")
     args = ap.parse_args(argv)
@@ -348,6 +350,11 @@ def main(argv=None) -> int:
                             "a list of 16, 32, 64")
     max_splits = kernels_ints("--attention-max-splits", args.attention_max_splits, lambda v: v >= 1,
                               "a list of positive integers")
+    max_rows = kernels_ints("--b-max-rows", args.b_max_rows, lambda v: 16 <= v <= 64, "a list of 16 to 64")
+    contexts = args.b_contexts.split(",")
+    if not all(c.strip().isdigit() and int(c) > 0 for c in contexts):
+        ap.error(f"--b-contexts={args.b_contexts}: a list of positive integers")
+    contexts = (32, 128) if args.tiny else tuple(int(c) for c in contexts)
     kernels = args.kernels
     parts = set(args.parts.split(","))
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -368,7 +375,7 @@ def main(argv=None) -> int:
                "git_sha": provenance.git_sha(), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                "shape_name": "tiny" if args.tiny else args.shape,
                "shape": {k: v for k, v in shape.items() if k != "rope_scaling"}, "dtype": str(dtype), "ctx": ctx,
-               "kernels": kernels}
+               "kernels": kernels, "gemv_max_rows": gemv_mod.MAX_ROWS}
     model = build_hf(shape, device, dtype)
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     results["weight_bytes"] = weight_bytes
@@ -394,7 +401,7 @@ def main(argv=None) -> int:
     if "b" in parts:
         lo, _, hi = args.qs.partition("-")
         qs = list(range(int(lo), int(hi) + 1)) if hi else [int(q) for q in args.qs.split(",")]
-        for c in ((32, 128) if args.tiny else (512, 4096)):
+        for c in contexts:
             for name in args.dynamic.split(","):  # curves beside the default's are named by their setting
                 # with the kernels, eager layers: as fast as compiled ones (a), and no compile per q
                 attempt(results, f"verify_ctx{c}" + ("" if name == "false" else f"_dynamic_{name}"),
@@ -405,8 +412,8 @@ def main(argv=None) -> int:
                     return verify_curve(native, c, device, False, qs, max(steps // 2, 1), True)
             if kernels and args.b_pdl:
                 attempt(results, f"verify_ctx{c}_pdl", lambda: kernels_curve(pdl_mod.enabled(True, rows=16)), args.out)
-            if kernels and args.b_wide_rows:
-                attempt(results, f"verify_ctx{c}_wide_rows", lambda: kernels_curve(gemv_mod.wide_rows(True)), args.out)
+            for n in max_rows:
+                attempt(results, f"verify_ctx{c}_rows{n}", lambda: kernels_curve(gemv_mod.max_rows(n)), args.out)
             for block_m in block_ms:
                 attempt(results, f"verify_ctx{c}_block_m{block_m}", lambda: kernels_curve(attention_launch(block_m)),
                         args.out)

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # The GPU checks of engine.kernels (issue 6) in one device call, no model to carry:
 #   bash experiments/kernels_suite.sh OUT
-# tests      every test that skips without CUDA, with the kernels' files whole: attention (bf16
-#            bit-identical caches, compile + CUDA graph replay), gemv (bf16 at 1 to 33 rows), the
-#            engine against transformers with the kernels in CUDA graphs (and PDL), a sampled
-#            round's graphs against eager calls, the drafters' graphs against eager rounds
+# tests      the kernels' test files whole on CUDA: attention (bf16 bit-identical caches, compile +
+#            CUDA graph replay), gemv (bf16 at 1 to 48 rows); each autotuner over a few of its tiles
+#            (tests/conftest.py's few_tiles)
+# graphs     the other tests that skip without CUDA: the engine against transformers with the kernels
+#            in CUDA graphs (and PDL), a sampled round's graphs against eager calls, the drafters'
+#            graphs against eager rounds
 # engine     engine_bench --parts a,b,m --kernels: decode at batch 1 with and without the kernels
 #            (and without PDL) side by side, transformers' compiled step, generate; t(q), batch 48
 # attention  kernel_bench --kernels attention,attention_tiles: one 8B layer against the engine's
@@ -15,18 +17,19 @@
 # ab         gemv_ab.py: each projection at 1, 2, 4, 9, 16 rows and the forward at q = 1, 9 with the
 #            gemv module BASELINE (e.g. specbench.kernels._gemv_base after
 #            `git show SHA:kernels/gemv.py > kernels/_gemv_base.py`) and the current one, alternated
-# wide       engine_bench --parts b --kernels --qs 1,9,17,24,33 --b-wide-rows: goal b's pair at
-#            context 512 and 4096, and 17 to 33 positions with gemv.wide_rows beside torch's projections
+# wide       engine_bench --parts b --kernels --qs 1,9,16,17,24,33,48 --b-max-rows 16,64: goal b's pair
+#            at context 512 and 4096, and past 16 positions the rows kernel (the default to 33) beside
+#            torch's projections (gemv.max_rows(16)) and the rows kernel to 64 rows
 # smollm2    engine_bench --shape smollm2 --parts a,b --kernels --b-without-kernels: the default
 #            model's shape (random weights, no carry), decode and t(q) with the kernels and without
 # ncu        Nsight Compute over gemv_ncu.py (tuned first, outside it): each projection once at 1 row,
 #            9 rows (split K where tuned) and 9 rows unsplit; speed of light, memory, occupancy, warp
 #            stalls (OUT/ncu.log)
-# PARTS picks a subset (default: the first five, in that order); each part's log is OUT/<part>.log.
+# PARTS picks a subset (default: tests graphs engine attention fused profile, in that order); each part's log is OUT/<part>.log.
 # TINY=1 passes --tiny to the benchmarks (a CPU check of the script, not a measurement).
 set -uo pipefail
 out=${1:?usage: kernels_suite.sh OUT}
-parts=" ${PARTS:-tests engine attention fused profile} "
+parts=" ${PARTS:-tests graphs engine attention fused profile} "
 py=${PYTHON:-python3}
 tiny=()
 [ -n "${TINY:-}" ] && tiny=(--tiny)
@@ -35,7 +38,10 @@ mkdir -p "$out"
 # fresh machine tuning the rows kernel per shape took most of a call (results/2026-12-04-h200).
 export TRITON_CACHE_AUTOTUNING=${TRITON_CACHE_AUTOTUNING:-1}
 step() { local name=$1; shift; echo "== $name: $*"; "$@" > "$out/$name.log" 2>&1; echo "   exit $?"; tail -n 15 "$out/$name.log"; }
-[[ $parts == *" tests "* ]] && step tests "$py" -m pytest -q -rs tests/test_attention.py tests/test_gemv.py \
+# pytest -v, unbuffered: each test's line reaches the log as it ends, so a cut call shows how far it got
+[[ $parts == *" tests "* ]] && PYTHONUNBUFFERED=1 step tests "$py" -m pytest -v -rs --durations=15 \
+    tests/test_attention.py tests/test_gemv.py
+[[ $parts == *" graphs "* ]] && PYTHONUNBUFFERED=1 step graphs "$py" -m pytest -v -rs --durations=15 \
     tests/test_engines.py::test_attention_kernel_in_the_engine tests/test_engines.py::test_all_kernels_in_cuda_graphs_match_transformers \
     tests/test_sampled.py::test_cuda_graphs_draw_what_eager_calls_draw \
     tests/test_graphs.py::test_eagle_rounds_through_cuda_graphs_draft_what_eager_rounds_draft \
@@ -49,7 +55,7 @@ step() { local name=$1; shift; echo "== $name: $*"; "$@" > "$out/$name.log" 2>&1
 [[ $parts == *" ab "* ]] && step ab "$py" experiments/gemv_ab.py "$out/ab" --baseline "${BASELINE:?PARTS=ab needs BASELINE}" \
     "${tiny[@]}"
 [[ $parts == *" wide "* ]] && step wide "$py" experiments/engine_bench.py "$out/wide" --parts b --kernels \
-    --qs 1,9,17,24,33 --b-wide-rows "${tiny[@]}"
+    --qs 1,9,16,17,24,33,48 --b-max-rows 16,64 "${tiny[@]}"
 [[ $parts == *" smollm2 "* ]] && step smollm2 "$py" experiments/engine_bench.py "$out/smollm2" --shape smollm2 \
     --parts a,b --kernels --b-without-kernels --qs 1,2,3,4,5,9,16 "${tiny[@]}"
 # ncu: gemv_ncu once outside the profiler first, so that its tuning is cached on disk: tuning

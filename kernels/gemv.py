@@ -43,14 +43,17 @@ its rstd from those (norm_squares: 1 KB a row at K = 4096) instead of a pass. Th
 differs from the pass's in the order of its fp32 sum only. The one-row kernel keeps its pass
 (one row: 8 KB).
 
-Wide rows (`wide_rows`, off by default: an experiment). 17 to 64 rows (a tree verify's nodes,
-a batch's chains) run the torch composition; inside `wide_rows(True)` they run the rows kernel
-in 32- or 64-row tiles instead, the norm applied once beforehand in torch (rms_norm), not
-folded. Folded, every program re-normalised all of x, whose arithmetic grows with the rows: on
-an H200 (results/2026-12-07-h200-rows-ab) at 33 rows wqkv took 43.2 us against torch's 40.6,
-w13 158 against 92, and the 33-position forward 8.57 ms against 6.66, while the projections
-without a norm gained (wo 13.4 us against 15.8, w2 34.0 against 36.0). The rows kernel
-without the norm fold beyond 16 rows (wqkv, w13) has not run on a GPU.
+Wide rows. 17 to 64 rows (a tree verify's nodes, a batch's chains) run the rows kernel in
+32- or 64-row tiles, the norm applied once beforehand (`norm_rows`, one launch), not folded.
+Folded, every program re-normalised all of x, whose arithmetic grows with the rows: on an H200
+(results/2026-12-07-h200-rows-ab) at 33 rows wqkv took 43.2 us against torch's 40.6, w13 158
+against 92, and the 33-position forward 8.57 ms against 6.66. With the norm applied beforehand
+in torch, on an H100 (results/2026-12-07-h100-wide), forwards of 17 to 33 positions took 0.30 to
+0.44 ms less than with torch's projections (at 33: 7.57 against 8.01 ms, context 512). So the
+kernels take up to MAX_ROWS = 33 rows by default (the positions goal b measures; 34 to 64 only
+inside `max_rows(64)`, not yet timed), and `max_rows(16)` gives back torch's projections past
+16 rows for a side-by-side run. The one-launch norm replaced torch's rms_norm (8 launches) after
+that run; it has not been timed on a GPU.
 
 Tried and dropped there too: gamma loaded a step ahead in the rows kernel (its [1, BLOCK_K]
 tile is too narrow for cp.async, so each step waits for it): no gain, the 9-position forward
@@ -79,11 +82,12 @@ except ImportError:  # CPU installs without triton: project() runs the torch com
 # A residual projection may also return its output's squares summed by this many columns
 # (`project`'s squares), for the next projection's norm (norm_squares).
 SQUARES_GROUP = 16
-# The most rows the kernels take (B q): TILE_ROWS (the rows kernel's 16-row tile, tl.dot's
-# least), or WIDE_ROWS inside `wide_rows(True)`
+# The most rows the kernels take (B q): MAX_ROWS, 33 by default (module docstring: wide rows),
+# TILE_ROWS to WIDE_ROWS inside `max_rows`. TILE_ROWS: the rows kernel's least tile (tl.dot's
+# 16), and the most it takes with the folded norm, squares and under torch.compile.
 TILE_ROWS = 16
-MAX_ROWS = TILE_ROWS
 WIDE_ROWS = 64
+MAX_ROWS = 33
 
 
 def squares(y: torch.Tensor) -> torch.Tensor:
@@ -182,6 +186,19 @@ if triton is not None:
         return x
 
     @triton.jit
+    def _norm_kernel(x_ptr, g_ptr, y_ptr, K: tl.constexpr, eps, BLOCK_K: tl.constexpr):
+        # Program m: row m of x [M, K] -> y [M, K], rms_norm(x, gamma)'s row rounded as rms_norm
+        # rounds (_rstd's pass, then _x_tile's); gamma: [K]
+        dtype = y_ptr.dtype.element_ty
+        row = tl.program_id(0).to(tl.int64) * K
+        cols = tl.arange(0, BLOCK_K)[None, :]  # [1, BLOCK_K]
+        ok = tl.full((1, 1), 1, tl.int1)
+        rstd = _rstd(x_ptr + row, cols, ok, cols, K, eps, BLOCK_K)[:, None]  # [1, 1]
+        for k0 in tl.static_range(0, K, BLOCK_K):
+            h = _x_tile(x_ptr + row + k0, g_ptr + k0, cols, cols, ok, k0 + cols, rstd, True, K, BLOCK_K, dtype)
+            tl.store(y_ptr + row + k0 + cols, h, mask=_in_k(ok, k0 + cols, K, BLOCK_K))
+
+    @triton.jit
     def _vector_step(x_ptr, g_ptr, w_ptrs, k0, x_off, x_ok, n_ok, rstd, acc, acc_up, N, K: tl.constexpr,
                      NORM: tl.constexpr, GLU: tl.constexpr, BLOCK_K: tl.constexpr, dtype: tl.constexpr):
         # The one-row kernel's step at k0: the [BLOCK_N, BLOCK_K] products of its weight tile (and
@@ -277,7 +294,7 @@ if triton is not None:
     _SPLIT_CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": sk}, num_warps=4, num_stages=3)
                       for bn in (32, 64) for bk, sk in ((128, 2), (128, 4), (256, 2))]
 
-    # Tuned per power-of-two bucket of rows (ROWS: 2, 4, 8, 16, and 32, 64 with `wide_rows`;
+    # Tuned per power-of-two bucket of rows (ROWS: 2, 4, 8, 16, and 32, 64: wide rows;
     # BLOCK_M pads the first four to 16 anyway), not per row count: a sweep over q = 1 .. 16
     # then tunes 4 times a projection, not 15.
     _ROWS_KEY = ["ROWS", "N", "K", "NORM", "GLU", "RESIDUAL", "NORM_SQUARES", "SQUARES"]
@@ -445,13 +462,15 @@ def split_counts(device: torch.device, n: int) -> torch.Tensor:
 
 
 @contextmanager
-def wide_rows(on: bool):
-    """Inside the block, 17 to WIDE_ROWS rows run the rows kernel (the norm applied beforehand in
-    torch: module docstring) where on, the torch composition where not; after it, as before.
-    For benchmarks (a CUDA graph keeps what held at its capture)."""
+def max_rows(n: int):
+    """Inside the block the kernels take forwards of up to n rows (TILE_ROWS to WIDE_ROWS), the
+    torch composition more; after it, MAX_ROWS as before. For benchmarks (a CUDA graph keeps
+    what held at its capture): max_rows(16) is torch's projections past 16 rows."""
     global MAX_ROWS
+    if not TILE_ROWS <= n <= WIDE_ROWS:
+        raise ValueError(f"max_rows: {n}, not in [{TILE_ROWS}, {WIDE_ROWS}]")
     saved = MAX_ROWS
-    MAX_ROWS = WIDE_ROWS if on else TILE_ROWS
+    MAX_ROWS = n
     try:
         yield
     finally:
@@ -474,8 +493,8 @@ def project(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor] = None, 
     """x: [..., K], w: [N, K] (glu: [2H, K]), norm: [K] gamma, residual: [..., N] ->
     [..., N] (glu: [..., H]). The Triton kernel where `kernel` and `supported`, for 1 to 16 rows
     with any of the folds (gamma and the residual in x's dtype, the residual of y's shape: no
-    broadcasting), and inside `wide_rows(True)` to WIDE_ROWS rows (past 16 the norm applied
-    beforehand, in torch); else `reference`, which a bias always takes.
+    broadcasting), and to MAX_ROWS rows (past 16 the norm applied beforehand by
+    `norm_rows`); else `reference`, which a bias always takes.
 
     Norms from squares (module docstring): squares=True returns (y, s), s [M, cdiv(N,
     SQUARES_GROUP)] fp32 the squares of y's (rounded) entries summed by SQUARES_GROUP columns
@@ -490,11 +509,11 @@ def project(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor] = None, 
     if not (kernel and b is None and folds_fit and supported(x, w)):
         y = reference(x, w, b, norm=norm, eps=eps, glu=glu, residual=residual)
         return (y, None) if squares else y
-    if M > TILE_ROWS and norm is not None:  # wide rows: the norm once, not re-done by every program
-        x, norm, norm_squares = rms_norm(x, norm, eps), None, None
     x2 = x.reshape(M, K)
     if not x2.is_contiguous():
         x2 = x2.contiguous()
+    if M > TILE_ROWS and norm is not None:  # wide rows: the norm once, not re-done by every program
+        x2, norm, norm_squares = norm_rows(x2, norm, eps), None, None
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
     r = residual.reshape(M, N).contiguous() if residual is not None else y  # y: a pointer left unread
     g = norm if norm is not None else x2
@@ -520,13 +539,24 @@ def project(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor] = None, 
             raise ValueError(f"norm_squares: {tuple(norm_squares.shape)} {norm_squares.dtype}, not [{M}, {groups}] "
                              "contiguous float32 (x's squares by squares=True)")
         width, xs = squares_width(K), norm_squares
-    summed = squares and M <= TILE_ROWS  # past 16 rows the next norm runs in torch: no squares
+    summed = squares and M <= TILE_ROWS  # past 16 rows the next norm is norm_rows' pass: no squares
     s = torch.empty(M, triton.cdiv(N, SQUARES_GROUP), dtype=torch.float32, device=x.device) if summed else y
     kernel[grid](x2, w, y, g, r, parts, counts, xs, s, M, rows, N, K, eps, precision, NORM_SQUARES=width,
                  SQUARES=summed, BLOCK_M=max(TILE_ROWS, rows), **folds)
     if squares:
         return y.view(*lead, N), s if summed else None
     return y.view(*lead, N)
+
+
+def norm_rows(x: torch.Tensor, gamma: torch.Tensor, eps: float) -> torch.Tensor:
+    """x: [M, K] contiguous, gamma: [K] of x's dtype -> rms_norm(x, gamma, eps) in one launch, one
+    program a row, rounded where rms_norm rounds (its fp32 sum of squares in another order). The
+    norm of forwards past TILE_ROWS rows, which the rows kernel does not fold: torch's rms_norm
+    is 8 launches a norm, 512 a forward of the 8B shape."""
+    M, K = x.shape
+    y = torch.empty_like(x)
+    _norm_kernel[(M,)](x, gamma, y, K, eps, BLOCK_K=min(1024, triton.next_power_of_2(K)), num_warps=4)
+    return y
 
 
 def tuner(M: int, N: int, glu: bool, K: int):

@@ -514,8 +514,9 @@ def test_all_kernels_at_smollm2_widths_in_the_interpreter(monkeypatch):
     """The test above's path on CPU through Triton's interpreter, at SmolLM2-135M's widths (every
     projection's K tiles masked at the end), one row and two: gemv's autotuners, which need a
     GPU, stand in as one tile each (256-wide K tiles, unsplit); no CUDA graphs on CPU. On
-    several rows the residual projections sum their outputs' squares and the norms after them
-    (every one but the first layer's) take their rstd from those, the LM head's included."""
+    2 to 16 rows the residual projections sum their outputs' squares and the norms after them
+    (every one but the first layer's) take their rstd from those, the LM head's included; on
+    24 rows the norms run before the projections (gemv.norm_rows) and nothing sums squares."""
     pytest.importorskip("triton", reason="the dev extra installs triton on Linux")
     from specbench.kernels import gemv
 
@@ -534,13 +535,15 @@ def test_all_kernels_at_smollm2_widths_in_the_interpreter(monkeypatch):
     one_row = OneTile(gemv._vector_kernel, BLOCK_N=8, BLOCK_K=256, LOOP_STAGES=0)
     rows_ = OneTile(gemv._rows_kernel, BLOCK_N=16, BLOCK_K=256, SPLIT_K=1)
     launched = []
-    monkeypatch.setattr(gemv, "supported", lambda x, w: x.numel() // x.shape[-1] <= 16 and x.dtype == w.dtype)
+    monkeypatch.setattr(gemv, "supported", lambda x, w: x.numel() // x.shape[-1] <= gemv.MAX_ROWS and x.dtype == w.dtype)
     monkeypatch.setattr(gemv, "tuner", lambda M, N, glu, K: launched.append((M, K)) or (one_row if M == 1 else rows_))
     for rows in (1, 2):
         _all_kernels_match_transformers(rows, 576, vocab=256)
     assert {K for _, K in launched} == {576, 1536}  # every projection: wqkv, wo, w13 and the head; w2
-    assert {M for M, _ in launched} >= {1, 2, 4, 8}  # decode at 1 and 2 rows, chains of 4 at 1 and 2 rows
-    rows_calls = [c for c in calls if "SQUARES" in c]  # the rows kernel's (the one-row kernel takes none)
+    assert {M for M, _ in launched} >= {1, 2, 4, 8, 12, 24}  # decode, chains of 4 and 12, at 1 and 2 rows
+    wide = [c for c in calls if c.get("BLOCK_M", 16) > 16]  # 24 rows: the norms beforehand, no squares
+    assert wide and not any(c["NORM"] or c["SQUARES"] for c in wide)
+    rows_calls = [c for c in calls if c.get("BLOCK_M") == 16]  # the rows kernel at 16 rows (one-row calls: no BLOCK_M)
     norms = [c for c in rows_calls if c["NORM"]]
     # 2 layers a forward: wqkv's norm from the squares but in layer 0, w13's always, the head's too
     assert sum(c["NORM_SQUARES"] > 0 for c in norms) == 4 * len(norms) // 5
@@ -562,7 +565,9 @@ def _all_kernels_match_transformers(rows, width=512, vocab=1000):
     for row, prompt in enumerate(prompts):
         engine.prefill(row, prompt)
     histories = [p.tolist() for p in prompts]
-    for step in ([[3]] * rows, [[3, 4, 5, 6]] * rows, [[9]] * rows):  # decode, chain (keep 2), decode
+    # decode, chain (keep 2), decode, a chain of 12 (keep 2): at 2 rows 24 input rows, past the
+    # rows kernel's 16-row tile (gemv's wide rows)
+    for step in ([[3]] * rows, [[3, 4, 5, 6]] * rows, [[9]] * rows, [list(range(20, 32))] * rows):
         inputs = torch.tensor(step, device=device)
         logits = engine.forward(inputs)
         with torch.no_grad():

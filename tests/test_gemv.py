@@ -92,7 +92,7 @@ def test_one_row_kernel_with_1024_wide_tiles(fold):
 @pytest.mark.parametrize("fold", list(FOLDS))
 @pytest.mark.parametrize("M", [2, 9, 16, 17, 33, 64])
 def test_few_rows_kernel_matches_the_torch_composition(fold, M):
-    """2 to 16 rows in a 16-row tile; 17 to 32 in 32 and 33 to 64 in 64 (gemv.wide_rows, where
+    """2 to 16 rows in a 16-row tile; 17 to 32 in 32 and 33 to 64 in 64 (wide rows, where
     project applies the norm beforehand; the kernel's own fold is checked here too)."""
     x, w, kw = _case(fold, M=M)
     expected = gemv.reference(x, w, eps=1e-5, **kw)
@@ -241,7 +241,7 @@ def test_kernels_round_where_the_torch_composition_rounds(fold, M):
 
 
 def test_project_falls_back_outside_the_kernels_domain():
-    """CPU tensors, a bias, 17 rows, a residual to broadcast, weights of another dtype: the
+    """CPU tensors, a bias, MAX_ROWS + 1 rows, a residual to broadcast, weights of another dtype: the
     torch composition itself (on a GPU, folds on 3 rows take the kernel instead)."""
     x, w, kw = _case("glu", M=3)
     x, w, kw = x.cpu(), w.cpu(), {k: (v.cpu() if torch.is_tensor(v) else v) for k, v in kw.items()}
@@ -252,33 +252,67 @@ def test_project_falls_back_outside_the_kernels_domain():
     assert torch.equal(gemv.project(x, w, b), gemv.reference(x, w, b))
     r = torch.randn(w.shape[0], device=x.device)  # [N] against a [3, N] product
     assert torch.equal(gemv.project(x, w, residual=r), gemv.reference(x, w, residual=r))
-    x17, _, _ = _case("plain", M=17)
-    assert not gemv.supported(x17, w)
-    assert torch.equal(gemv.project(x17, w), gemv.reference(x17, w))
+    wide, _, _ = _case("plain", M=gemv.MAX_ROWS + 1)
+    assert not gemv.supported(wide, w)
+    assert torch.equal(gemv.project(wide, w), gemv.reference(wide, w))
     assert not gemv.supported(x[:1], w.double())
 
 
 @pytest.mark.skipif(not CUDA, reason="the autotuned launch needs a GPU; the kernels run above through the interpreter")
 @pytest.mark.parametrize("fold", list(FOLDS))
-@pytest.mark.parametrize("M", [1, 9, 16, 33])
+@pytest.mark.parametrize("M", [1, 9, 16, 33, 48])
 def test_project_on_cuda_in_bf16(fold, M):
-    """33 rows: inside gemv.wide_rows(True)."""
+    """33 rows: the default's widest (wide rows, the norm by norm_rows); 48 inside
+    gemv.max_rows(64)."""
     x, w, kw = _case(fold, M=M, K=4096, N=1000)
     x, w = x.cuda().bfloat16(), w.cuda().bfloat16()
     kw = {k: (v.cuda().bfloat16() if torch.is_tensor(v) else v) for k, v in kw.items()}
     expected = gemv.project(x, w, eps=1e-5, kernel=False, **kw).float()
-    with gemv.wide_rows(M > 16):
+    with gemv.max_rows(max(M, gemv.MAX_ROWS)):
         assert gemv.supported(x, w)
         got = gemv.project(x, w, eps=1e-5, **kw).float()
     assert (got - expected).abs().max() <= 0.02 * expected.abs().max()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("K", [576, 2048], ids=["masked", "two-tiles"])
+def test_norm_rows_is_rms_norm_in_one_launch(dtype, K):
+    """norm_rows against rms_norm: fp32 to 1e-6 (the sum's order), fp16 to one rounding of the
+    output (its rstd rounds the same way but for that order); 576 masks its one 1024-wide tile,
+    2048 takes two. bf16 runs in test_project_on_cuda_in_bf16 (the interpreter truncates it)."""
+    g = torch.Generator().manual_seed(1)
+    x = (3 * torch.randn(40, K, generator=g)).to(dtype).to(DEVICE)
+    gamma = (1 + 0.1 * torch.randn(K, generator=g)).to(dtype).to(DEVICE)
+    got, expected = gemv.norm_rows(x, gamma, 1e-5), gemv.rms_norm(x, gamma, 1e-5)
+    assert got.dtype == dtype and got.shape == x.shape
+    if dtype == torch.float32:
+        torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)
+    else:  # at most one ulp apart, and most entries equal
+        torch.testing.assert_close(got, expected, rtol=1e-3, atol=1e-3)
+        assert (got == expected).float().mean() > 0.99
+
+
+def test_max_rows_sets_the_kernels_domain_then_restores():
+    """MAX_ROWS 33 by default; max_rows(n) sets it inside its block, refuses n outside
+    [TILE_ROWS, WIDE_ROWS] with the value named, and restores it after an exception too."""
+    assert gemv.MAX_ROWS == 33
+    with gemv.max_rows(16):
+        assert gemv.MAX_ROWS == 16
+    with pytest.raises(RuntimeError), gemv.max_rows(64):
+        assert gemv.MAX_ROWS == 64
+        raise RuntimeError
+    assert gemv.MAX_ROWS == 33
+    for n in (15, 65):
+        with pytest.raises(ValueError, match=f"max_rows: {n}"), gemv.max_rows(n):
+            pass
+
+
 @pytest.mark.parametrize("fold", list(FOLDS))
-def test_wide_rows_apply_the_norm_beforehand_then_restore(monkeypatch, fold):
-    """project at 33 rows: the torch composition outside gemv.wide_rows; inside it the rows
-    kernel in a 64-row tile, the norm applied in torch first (the launch has no NORM fold and
-    sums no squares, so squares=True gives None), within fp32's 1e-5 of the composition. The
-    kernel runs through the interpreter at one tile (the autotuner needs a GPU), and
+def test_wide_rows_apply_the_norm_beforehand(monkeypatch, fold):
+    """project at 33 rows: the rows kernel in a 64-row tile, the norm applied first by
+    norm_rows (the launch has no NORM fold and sums no squares, so squares=True gives None),
+    within fp32's 1e-5 of the composition; inside gemv.max_rows(16) the torch composition. The
+    kernels run through the interpreter at one tile (the autotuner needs a GPU), and
     `supported`'s CUDA check is stood in for."""
     launched = []
 
@@ -293,15 +327,17 @@ def test_wide_rows_apply_the_norm_beforehand_then_restore(monkeypatch, fold):
 
     monkeypatch.setattr(gemv, "supported", lambda x, w: x.numel() // x.shape[-1] <= gemv.MAX_ROWS)
     monkeypatch.setattr(gemv, "tuner", lambda M, N, glu, K: OneTile())
+    normed = []
+    norm_rows = gemv.norm_rows
+    monkeypatch.setattr(gemv, "norm_rows", lambda x, gamma, eps: normed.append(x.shape) or norm_rows(x, gamma, eps))
     x, w, kw = _case(fold, M=33)
     expected = gemv.reference(x, w, eps=1e-5, **kw)
-    assert torch.equal(gemv.project(x, w, eps=1e-5, **kw), expected) and not launched  # torch's
-    with gemv.wide_rows(True):
-        assert gemv.MAX_ROWS == gemv.WIDE_ROWS
-        got, s = gemv.project(x, w, eps=1e-5, squares=True, **kw)
-    assert gemv.MAX_ROWS == gemv.TILE_ROWS == 16
+    with gemv.max_rows(16):
+        assert torch.equal(gemv.project(x, w, eps=1e-5, **kw), expected) and not launched  # torch's
+    got, s = gemv.project(x, w, eps=1e-5, squares=True, **kw)
     (call,) = launched
     assert (call["BLOCK_M"], call["NORM"], call["SQUARES"], call["GLU"]) == (64, False, False, fold == "glu")
+    assert normed == ([(33, 512)] if "norm" in kw else [])
     assert s is None
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
 
@@ -447,3 +483,16 @@ def test_pdl_applies_to_forwards_of_at_most_max_rows(monkeypatch):
     with pdl.enabled(True, rows=16):
         assert pdl.launch_options(cuda, 16) == {"launch_pdl": True} and pdl.launch_options(cuda, 17) == {}
     assert (pdl.ENABLED, pdl.MAX_ROWS) == (False, 1) and pdl.launch_options(cuda, 1) == {}
+
+
+def test_few_tiles_keeps_one_tile_of_each_kind():
+    """tests/conftest.py's few_tiles, which the CUDA tests tune over: the rows tuner with split K
+    keeps one unsplit and one split tile; the wide one-row tuner one of each of its four kinds.
+    (On a GPU the session's tuners hold these already: few_tiles of few_tiles is the same.)"""
+    from conftest import few_tiles
+
+    kinds = lambda configs: sorted((c.kwargs.get("SPLIT_K", 1), c.kwargs.get("LOOP_STAGES", 0),  # noqa: E731
+                                    c.kwargs["BLOCK_K"] == 1024) for c in configs)
+    assert kinds(few_tiles(gemv._rows_split_kernel.configs)) == [(1, 0, False), (2, 0, False)]
+    assert kinds(few_tiles(gemv._vector_wide_kernel.configs)) == [(1, 0, False), (1, 0, True), (1, 3, False),
+                                                                  (1, 3, True)]
