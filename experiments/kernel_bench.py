@@ -1,7 +1,7 @@
 """Issue 7: the Triton verification and n-gram kernels against the memory-bandwidth floor and
 against their torch references.
 
-    python experiments/kernel_bench.py OUT [--kernels chain,tree,ngram,tune,attention,attention_tune,attention_tiles] [--tiny]
+    python experiments/kernel_bench.py OUT [--kernels chain,tree,ngram,tune,attention,attention_tune,attention_tiles,norm] [--tiny]
 
 Grid. chain: B in {1, 8, 48, 256} x k in {1, 4, 8} x V in {49152, 128256, 151936}, fp32
 probabilities, rules standard, onehot and greedy. tree: SGLang's default shape (topk 4, depth 5,
@@ -22,6 +22,11 @@ takes (BLOCK_M 16, 32, 64: at q = 9 the 36 rows of a kv head in 3, 2 or 1 tiles)
 (4, 8). Compiled offline for sm_90 (results/2026-12-05-cpu-launch-specialized), BLOCK_M 64 with
 4 warps, at q = 9 the heuristic's until 2026-12-07 (since then at S = 4096 only: a short cache
 tiles by 16), takes 255 registers and spills 32 bytes; 32 rows take 192.
+norm (issue 6; not in the default list): the 65 RMSNorms of a forward of the 8B shape past 16
+rows (M in {17, 33, 64}, K = 4096, bf16) in one CUDA graph, gemv.norm_rows (one launch a norm)
+against rms_norm in torch (8 launches); "equal" there means within 1e-2 of the reference
+relative to its largest entry (a bf16 rounding step is 2^-8 of an entry), and same_fraction
+gives the share of entries equal bit for bit.
 
 Inputs. p = softmax(3 z), q = softmax(3 z') with independent Gaussian z, z' per position; a
 draft is the argmax of p with probability 0.7, else a draw from q. So greedy accepts about 0.7
@@ -80,7 +85,7 @@ if not torch.cuda.is_available():  # the interpreter: chosen when triton is firs
 from engine_bench import copy_bandwidth, median_ms  # noqa: E402  (experiments/ is on sys.path as a script)
 from specbench import provenance  # noqa: E402
 from specbench.drafters.ngram import ngram_propose_batch  # noqa: E402
-from specbench.kernels import attention, chain, ngram, tree  # noqa: E402
+from specbench.kernels import attention, chain, gemv, ngram, tree  # noqa: E402
 from specbench.tree import compile_tree  # noqa: E402
 
 GRID_B = (1, 8, 48, 256)
@@ -96,6 +101,9 @@ GRID_ATTENTION_TILES = [(1, None), (9, None), (9, 64), (9, 32), (9, 16)]
 # batches where the prefix splits (at 48 it does not)
 GRID_ATTENTION_TUNE = [(B, q, S) for S in (512, 4096) for B in (1, 8) for q in (1, 9)]
 GOAL = dict(B=256, k=8, V=128256)
+# norm: rows past the rows kernel's 16-row tile, the 8B shape's width; 65 norms a forward
+GRID_NORM = [(M, 4096) for M in (17, 33, 64)]
+NORM_COUNT = 65
 SGLANG_TREE = [-1, 0, 0, 0, 0, 1, 5, 6, 7]  # topk 4, depth 5, 8 draft tokens + the root
 FLUSH_BYTES = 512 * 2**20
 
@@ -286,6 +294,41 @@ def bench_attention(B, q, S, device, measure, launch=None) -> dict:
                 launch=" ".join(f"{key}={value}" for key, value in launch.items()))
 
 
+# --- the norm of wide rows (specbench.kernels.gemv.norm_rows) -----------------------------------
+
+
+def bench_norm(M, K, device, measure, count=NORM_COUNT) -> dict:
+    """`count` norms of x [M, K] (the 8B shape's forward: two a layer and the last) in one CUDA
+    graph on the GPU, gemv.norm_rows (one launch each) against gemv.rms_norm (torch's 8); their
+    outputs compared bit for bit. The floor: x read and y written, gamma read, count times."""
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    g = torch.Generator(device).manual_seed(0)
+    x = torch.randn(M, K, generator=g, device=device).to(dtype)
+    gamma = (1 + 0.1 * torch.randn(K, generator=g, device=device)).to(dtype)
+    got, ref = gemv.norm_rows(x, gamma, 1e-5), gemv.rms_norm(x, gamma, 1e-5)
+    same = float((got == ref).float().mean())
+    err = float((got.float() - ref.float()).abs().max() / ref.float().abs().max())
+
+    def graphed(norm):
+        def run():
+            for _ in range(count):
+                norm(x, gamma, 1e-5)
+        if device.type != "cuda":
+            return run
+        run()
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            run()
+        return graph.replay
+
+    kernel_ms = measure(graphed(gemv.norm_rows))
+    torch_ms = measure(graphed(gemv.rms_norm))
+    floor = count * (2 * M * K + K) * x.element_size()
+    return dict(kernel="norm", rule="rms_norm", B=M, shape=f"M={M},K={K},x{count}", q=M, S=0, V=0,
+                equal=err < 1e-2, max_rel_err=err, same_fraction=same, kernel_ms=kernel_ms, torch_ms=torch_ms, floor_bytes=floor)
+
+
 # --- the run ----------------------------------------------------------------------------------
 
 
@@ -363,6 +406,9 @@ def main(argv=None) -> int:
                 for num_warps in (4, 8):
                     launch = dict(num_warps=num_warps, **({"block_m": block_m} if block_m else {}))
                     attempt(results, args.out, lambda: bench_attention(1, q, S, device, measure, launch))
+    if "norm" in parts:
+        for M, K in [(17, 576)] if args.tiny else GRID_NORM:
+            attempt(results, args.out, lambda: bench_norm(M, K, device, measure, 3 if args.tiny else NORM_COUNT))
     if "tune" in parts and not args.tiny:
         inputs = chain_inputs(GOAL["B"], GOAL["k"], GOAL["V"], device)
         for block_v in (1024, 2048, 4096):

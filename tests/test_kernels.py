@@ -578,14 +578,15 @@ def test_kernels_compile_for_h200_without_a_gpu():
 @needs_triton
 def test_kernel_bench_tiny(tmp_path):
     out = subprocess.run([sys.executable, str(ROOT / "experiments" / "kernel_bench.py"), str(tmp_path), "--tiny",
-                          "--kernels", "chain,tree,ngram,attention,attention_tiles"], capture_output=True, text=True,
-                         timeout=600)
+                          "--kernels", "chain,tree,ngram,attention,attention_tiles,norm"], capture_output=True,
+                         text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     results = json.loads((tmp_path / "kernel_bench.json").read_text())
     assert {"device", "torch", "triton", "git_sha", "date", "copy_bandwidth"} <= set(results)
     rows = [r for r in results["rows"] if "error" not in r]
-    assert {r["kernel"] for r in rows} == {"chain", "tree", "ngram", "attention"} and len(rows) == len(results["rows"])
-    assert all(r["equal"] for r in rows if r["kernel"] == "attention")
+    kinds = {"chain", "tree", "ngram", "attention", "norm"}
+    assert {r["kernel"] for r in rows} == kinds and len(rows) == len(results["rows"])
+    assert all(r["equal"] for r in rows if r["kernel"] in ("attention", "norm"))
     tiles = {r["launch"] for r in rows if r["kernel"] == "attention" and r["launch"]}  # attention_tiles' overrides
     assert {"num_warps=4 block_m=16", "num_warps=8 block_m=32", "num_warps=4"} <= tiles, tiles
     assert all(r["kernel_ms"] > 0 and r["floor_bytes"] > 0 and r["torch_ms"] > 0 for r in rows)
