@@ -397,6 +397,10 @@ def verify_chain(
             raise ValueError(f"draft_probs has shape {tuple(draft_probs.shape)}, expected {(B, k, V)}")
     if rule != "thresholded" and (threshold_single, threshold_acc) != (1.0, 1.0):
         raise ValueError(f"rule={rule} takes no thresholds; use rule thresholded")
+    if k == 0:  # a zero-width proposal: a decode step, its token drawn from p (greedy: p's argmax)
+        p = target_probs[:, 0]  # [B, V]
+        token = p.argmax(-1) if rule == "greedy" else sample(p, generator)
+        return VerifyResult(tokens=token.unsqueeze(-1), num_accepted=torch.zeros(B, dtype=torch.long, device=p.device))
     if impl == "triton":
         return _verify_chain_kernel(rule, target_probs, draft_tokens, draft_probs, generator, threshold_single, threshold_acc)
 

@@ -85,6 +85,47 @@ def test_sampled_speculation_is_well_formed(tiny_model):
     assert sum(out.accepted) == stats.accepted and sum(out.drafted) == stats.drafted
 
 
+class NoDrafts:
+    """A drafter whose every proposal is zero-wide: tokens [B, 0]."""
+
+    name = "none"
+
+    def propose(self, state: DraftState) -> DraftProposal:
+        B = len(state.tokens)
+        return DraftProposal(tokens=torch.empty(B, 0, dtype=torch.long), num_tokens=torch.zeros(B, dtype=torch.long),
+                             probs=torch.empty(B, 0, 96))
+
+
+@pytest.mark.parametrize("rule", ["standard", "onehot", "target_only"])
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_zero_wide_proposals_decode_what_the_plain_decode_does(tiny_model, rule, temperature):
+    """Each round of zero-wide proposals is a decode step: the same tokens as the decode without
+    speculation, at T = 0 and, on the same seed, at T = 0.8 (the bonus token drawn from p by the
+    same generator). Before 2026-12-08 a sampled round of them stopped with an IndexError."""
+    params = SamplingParams(temperature=temperature) if temperature else GREEDY
+    plain = run(tiny_model, PROMPTS[1], params=params, max_new=8).tokens
+    out = run(tiny_model, PROMPTS[1], Speculation(NoDrafts(), rule, 4), params=params, max_new=8)
+    assert out.tokens == plain and sum(out.accepted) == sum(out.drafted) == 0
+
+
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+def test_a_chain_of_no_drafts_is_a_draw_from_p(impl):
+    """verify_chain at k = 0 (target_probs [B, 1, V]): p's argmax under greedy, else one draw from
+    p per request by `generator`, the same under every rule and both impls; nothing accepted."""
+    if impl == "triton":
+        pytest.importorskip("triton", reason="the dev extra installs triton on Linux")
+    from specbench.rules import verify_chain
+    from specbench.sampling import sample
+
+    p = torch.softmax(torch.randn(3, 1, 50, generator=torch.Generator().manual_seed(0)), -1)
+    drafts, q = torch.empty(3, 0, dtype=torch.long), torch.empty(3, 0, 50)
+    expected = sample(p[:, 0], torch.Generator().manual_seed(1))
+    for rule in ("standard", "onehot", "target_only", "thresholded", "greedy"):
+        got = verify_chain(rule, p, drafts, q, generator=torch.Generator().manual_seed(1), impl=impl)
+        assert got.tokens.shape == (3, 1) and got.num_accepted.tolist() == [0, 0, 0]
+        assert got.tokens[:, 0].tolist() == (p[:, 0].argmax(-1) if rule == "greedy" else expected).tolist()
+
+
 # --- trees verified in one call ----------------------------------------------------------------
 
 
