@@ -70,7 +70,7 @@ def real_rules(cfg: DictConfig, row: dict) -> tuple[list, list]:
     model, tokenizer = load_target(cfg.target)
     device = next(model.parameters()).device
     params = SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p)
-    results = []
+    results, checked = [], 0
     for prompt, ids in zip(prompts, encode_prompts(prompts, tokenizer)):
         seq = model.generate(
             ids[None].to(device), max_new_tokens=rc.window, do_sample=False,
@@ -87,12 +87,14 @@ def real_rules(cfg: DictConfig, row: dict) -> tuple[list, list]:
         p, q = p_all[where], q_all[where]  # [positions, V]
         for j, position in enumerate(where.tolist()):
             started = time.perf_counter()
+            seed = cfg.seed + checked  # one a position, over every prompt: independent draws (worst_positions)
+            checked += 1
             rows = rulecheck.check_position(
-                p[j], q[j], rc.draws, cfg.seed + j, tree_size=rc.tree_size, threshold_acc=rc.threshold_acc
+                p[j], q[j], rc.draws, seed, tree_size=rc.tree_size, threshold_acc=rc.threshold_acc
             )
             for r in rows:
                 r.update(prompt_id=prompt.id, position=position, entropy=float(entropy[position]),
-                         tv_p_q=0.5 * float((p[j] - q[j]).abs().sum()))
+                         tv_p_q=0.5 * float((p[j] - q[j]).abs().sum()), draw_seed=seed)
             results += rows
             print(f"prompt {prompt.id} position {position}: {time.perf_counter() - started:.1f} s", flush=True)
     template = {**row, "task": "real_rules", "drafter": f"layerskip{rc.draft_layers}",
@@ -100,16 +102,9 @@ def real_rules(cfg: DictConfig, row: dict) -> tuple[list, list]:
     rows = _rows(template, results)
     print("\n" + table(rows, RULECHECK_COLUMNS))
     figure = Path(cfg.results_dir) / "figures" / "real_rules.png"
-    pooled = _pool_positions(results)
-    distcheck_figure(pooled, figure, f"{cfg.target.name}: p vs layer-{rc.draft_layers} q, worst position per rule")
+    worst = rulecheck.worst_positions(results)
+    n = max((r["positions"] for r in worst), default=0)
+    distcheck_figure(worst, figure, f"{cfg.target.name}: p vs layer-{rc.draft_layers} q, worst of {n} positions "
+                     "per rule (p-value Šidák-corrected)")
     print(f"figure: {figure}")
     return rows, []
-
-
-def _pool_positions(results: list) -> list:
-    """For the figure: per rule, the position with the smallest p-value (the worst case)."""
-    worst = {}
-    for r in results:
-        if r["rule_label"] not in worst or r["chi2_pvalue"] < worst[r["rule_label"]]["chi2_pvalue"]:
-            worst[r["rule_label"]] = r
-    return list(worst.values())

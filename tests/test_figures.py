@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specbench import figures
+from specbench import figures, rulecheck
 from specbench.analysis import load_results
 from specbench.results import read_jsonl
 
@@ -108,11 +108,27 @@ def test_acceptance_lines_hold_the_rows_values():
 
 
 def test_real_rules_draws_the_worst_position_per_rule(results):
+    """Per rule the smaller of its two positions' p-values, Šidák-corrected for 2: 1 - (1 - p)^2."""
     rows = _add_real_rules(results)
     fig = figures.real_rules(figures.load_rows(results))
     worst = [r["chi2_pvalue"] for r in rows if r["position"] == 9]
     bars = [patch.get_width() for patch in fig.axes[0].patches]
-    np.testing.assert_allclose(bars, [-np.log10(max(p, 1e-300)) for p in worst])
+    np.testing.assert_allclose(bars, [-np.log10(max(1 - (1 - p) ** 2, 1e-300)) for p in worst], rtol=1e-6)
+    assert "worst of 2 positions" in fig.texts[0].get_text() and "Šidák" in fig.texts[0].get_text()
+
+
+def test_sidak_corrects_the_smallest_of_n_p_values():
+    """rulecheck.sidak: exact where (1 - p)^n is, n p where p is below fp64's resolution of 1 - p;
+    worst_positions keeps each rule's smallest beside the corrected value and counts positions."""
+    assert rulecheck.sidak(0.05, 1) == pytest.approx(0.05)
+    assert rulecheck.sidak(0.01, 8) == pytest.approx(1 - 0.99**8)
+    assert rulecheck.sidak(1e-20, 8) == pytest.approx(8e-20) and rulecheck.sidak(1.0, 8) == 1.0
+    rows = [{"rule_label": label, "chi2_pvalue": p} for label, p in
+            (("a", 0.3), ("b", 0.02), ("a", 0.01), ("b", 0.5), ("a", 0.9))]
+    worst = {r["rule_label"]: r for r in rulecheck.worst_positions(rows)}
+    assert (worst["a"]["positions"], worst["a"]["chi2_pvalue_min"]) == (3, 0.01)
+    assert worst["a"]["chi2_pvalue"] == pytest.approx(1 - 0.99**3)
+    assert (worst["b"]["positions"], worst["b"]["chi2_pvalue"]) == (2, pytest.approx(1 - 0.98**2))
 
 
 def test_load_rows_reads_a_committed_rows_csv(tmp_path):
