@@ -20,6 +20,8 @@
 # wide       engine_bench --parts b --kernels --qs 1,9,16,17,24,33,48 --b-max-rows 16,64: goal b's pair
 #            at context 512 and 4096, and past 16 positions the rows kernel (the default to 33) beside
 #            torch's projections (gemv.max_rows(16)) and the rows kernel to 64 rows
+# norm       kernel_bench --kernels norm: a forward's 65 norms past 16 rows in one CUDA graph,
+#            gemv.norm_rows against torch's rms_norm (no autotuning: seconds)
 # smollm2    engine_bench --shape smollm2 --parts a,b --kernels --b-without-kernels: the default
 #            model's shape (random weights, no carry), decode and t(q) with the kernels and without
 # ncu        Nsight Compute over gemv_ncu.py (tuned first, outside it): each projection once at 1 row,
@@ -56,6 +58,7 @@ step() { local name=$1; shift; echo "== $name: $*"; "$@" > "$out/$name.log" 2>&1
     "${tiny[@]}"
 [[ $parts == *" wide "* ]] && step wide "$py" experiments/engine_bench.py "$out/wide" --parts b --kernels \
     --qs 1,9,16,17,24,33,48 --b-max-rows 16,64 "${tiny[@]}"
+[[ $parts == *" norm "* ]] && step norm "$py" experiments/kernel_bench.py "$out/norm" --kernels norm "${tiny[@]}"
 [[ $parts == *" smollm2 "* ]] && step smollm2 "$py" experiments/engine_bench.py "$out/smollm2" --shape smollm2 \
     --parts a,b --kernels --b-without-kernels --qs 1,2,3,4,5,9,16 "${tiny[@]}"
 # ncu: gemv_ncu once outside the profiler first, so that its tuning is cached on disk: tuning
