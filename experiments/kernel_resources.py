@@ -1,6 +1,6 @@
 """Issue 6: what the compiler makes of the decode kernels, without a GPU.
 
-    python experiments/kernel_resources.py OUT [--arch 90] [--kernels gemv,attention] [--shape smollm2]
+    python experiments/kernel_resources.py OUT [--arch 90] [--kernels gemv,attention] [--shape smollm2] [--rows 33]
 
 Compiles specbench.kernels.gemv (each of its tile configurations, for each projection of a
 Llama-3.1-8B layer, or of SmolLM2-135M's with --shape smollm2) and specbench.kernels.attention
@@ -139,7 +139,8 @@ def ptx_digest(ptx: str) -> str:
 def gemv_rows(arch: int, shape: dict, names=None, M: int = 9) -> list:
     """Every tile configuration of the tuners `project` picks at one row and at M rows (the rows
     one with its split-K tiles), for each projection of a layer of `shape` with its folds, as
-    `project` launches them (bf16)."""
+    `project` launches them (bf16): past TILE_ROWS rows without the norm fold and the squares
+    (wide rows: the norm runs before, gemv.norm_rows)."""
     rows = []
     layer = projections(shape)
     for name in names or layer:
@@ -153,13 +154,15 @@ def gemv_rows(arch: int, shape: dict, names=None, M: int = 9) -> list:
                         N=N, K=K, eps=1e-5, **flags)
             if kind == "rows":  # the split-K partials and counts (the unsplit tiles leave them unread)
                 # and the squares as a layer past its first passes them: the norms read x's, the
-                # residual projections sum their outputs'
+                # residual projections sum their outputs' (to TILE_ROWS rows)
+                tiled = m <= gemv.TILE_ROWS
                 args.update(p_ptr=meta(1, dtype=torch.float32), c_ptr=meta(1, dtype=torch.int32), M=m,
                             ROWS=1 << (m - 1).bit_length(), PRECISION="tf32",
                             xs_ptr=meta(m, -(-K // gemv.SQUARES_GROUP), dtype=torch.float32),
                             s_ptr=meta(m, -(-N // gemv.SQUARES_GROUP), dtype=torch.float32),
-                            NORM_SQUARES=gemv.squares_width(K) if flags["NORM"] else 0,
-                            SQUARES=flags["RESIDUAL"], BLOCK_M=max(16, 1 << (m - 1).bit_length()))
+                            NORM=flags["NORM"] and tiled,
+                            NORM_SQUARES=gemv.squares_width(K) if flags["NORM"] and tiled else 0,
+                            SQUARES=flags["RESIDUAL"] and tiled, BLOCK_M=max(16, 1 << (m - 1).bit_length()))
             for config in gemv._k_fits(tuner.configs, {"K": K}):  # as the autotuner prunes them
                 row = {"kernel": f"gemv_{kind}", "projection": name, "N": N, "K": K, **config.kwargs,
                        "num_warps": config.num_warps, "num_stages": config.num_stages}
@@ -213,6 +216,8 @@ def main(argv=None) -> int:
     ap.add_argument("--attention-tiles", action="store_true",
                     help="also the attention launches kernel_bench's attention_tiles times (BLOCK_M, warps at q = 9)")
     ap.add_argument("--projections", default="wqkv,wo,w13,w2", help="gemv's projections to compile")
+    ap.add_argument("--rows", type=int, default=9,
+                    help="gemv's rows kernel at this many rows (17 to 64: the wide rows' 32- or 64-row tiles)")
     args = ap.parse_args(argv)
     shape = SHAPES[args.shape]
     kernels = args.kernels.split(",")
@@ -220,7 +225,8 @@ def main(argv=None) -> int:
                "python": platform.python_version(), **provenance.versions(), "git_sha": provenance.git_sha(),
                "date": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S%z"), "note": "compiled offline: no GPU ran",
                "shape": args.shape,
-               "rows": (gemv_rows(args.arch, shape, args.projections.split(",")) if "gemv" in kernels else [])
+               "gemv_rows": args.rows,
+               "rows": (gemv_rows(args.arch, shape, args.projections.split(","), args.rows) if "gemv" in kernels else [])
                + (attention_rows(args.arch, shape, launches=ATTENTION_LAUNCHES
                                  + (ATTENTION_TILES if args.attention_tiles else [])) if "attention" in kernels else [])}
     args.out.mkdir(parents=True, exist_ok=True)
