@@ -465,7 +465,7 @@ def print_table(r: dict) -> None:
             print(f"b. {key}: {t}")
             continue
         t = {int(q): v for q, v in t.items()}
-        row = "  ".join(f"{q}:{t[q]:.2f}" for q in (1, 2, 4, 5, 8, 9, 16, 17, 24, 33) if q in t)
+        row = "  ".join(f"{q}:{t[q]:.2f}" for q in (1, 2, 4, 5, 8, 9, 16, 17, 24, 33, 48, 64) if q in t)
         ratio = f"   t(9)/t(1) = {t[9] / t[1]:.3f}" if 1 in t and 9 in t else ""
         print(f"b. {key} t(q) ms  {row}{ratio}")
     m = r.get("memory_batch48_ctx4096")

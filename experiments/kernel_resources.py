@@ -219,6 +219,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rows", type=int, default=9,
                     help="gemv's rows kernel at this many rows (17 to 64: the wide rows' 32- or 64-row tiles)")
     args = ap.parse_args(argv)
+    if not 2 <= args.rows <= gemv.WIDE_ROWS:
+        ap.error(f"--rows={args.rows}: the rows kernel takes 2 to {gemv.WIDE_ROWS} rows")
     shape = SHAPES[args.shape]
     kernels = args.kernels.split(",")
     results = {"arch": f"sm_{args.arch}", "triton": triton.__version__, "host": platform.processor() or platform.machine(),

@@ -172,6 +172,8 @@ def markov_check(rule: str, draws: int, seed: int, *, k: int = 2, length: int = 
 def sidak(p: float, n: int) -> float:
     """The smallest of n independent p-values, p, as a p-value of its own: 1 - (1 - p)^n
     (Šidák), computed so that p near 0 keeps its digits (n p there)."""
+    if np.isnan(p):
+        return float("nan")
     return float(-np.expm1(n * np.log1p(-min(max(p, 0.0), 1.0)))) if p < 1 else 1.0
 
 
@@ -180,7 +182,10 @@ def worst_positions(rows: list) -> list:
     checked, copied with that p-value Šidák-corrected for the rule's count of positions
     (chi2_pvalue; the smallest itself in chi2_pvalue_min, the count in positions): the minimum
     of n p-values of a lossless rule is far from uniform, and at n = 8 falls below 0.05 about
-    a third of the time. The positions' draws must be independent: each its own seed."""
+    a third of the time. Exact where the positions' draws are independent, each its own seed
+    (real_rules' draw_seed, since 2026-12-08); rows from before, whose prompts shared seeds a
+    position, are bounded by Bonferroni's n p under any dependence, which Šidák's value is
+    within n^2 p^2 / 2 of."""
     worst, count = {}, {}
     for r in rows:
         label = r["rule_label"]

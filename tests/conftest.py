@@ -122,11 +122,14 @@ def few_tiles_on_cuda():
     kernel with split K): on a fresh machine the CUDA tests ran past two 10-minute calls
     (results/2026-12-07-h100-wide). The tests check what the kernels compute, not which tile
     is fastest, so each of specbench.kernels.gemv's autotuners keeps `few_tiles` of its tiles
-    here (2 to 4); the benchmarks tune over all of them."""
-    if not torch.cuda.is_available():
+    here (1 to 4; test_gemv launches every tile once); the benchmarks tune over all of them."""
+    try:
+        from triton.runtime.autotuner import Autotuner
+    except ImportError:  # no triton: the kernels' tests skip
+        Autotuner = None
+    if Autotuner is None or not torch.cuda.is_available():
         yield
         return
-    from triton.runtime.autotuner import Autotuner
 
     from specbench.kernels import gemv
 

@@ -122,7 +122,8 @@ def test_sidak_corrects_the_smallest_of_n_p_values():
     worst_positions keeps each rule's smallest beside the corrected value and counts positions."""
     assert rulecheck.sidak(0.05, 1) == pytest.approx(0.05)
     assert rulecheck.sidak(0.01, 8) == pytest.approx(1 - 0.99**8)
-    assert rulecheck.sidak(1e-20, 8) == pytest.approx(8e-20) and rulecheck.sidak(1.0, 8) == 1.0
+    assert rulecheck.sidak(1e-20, 8) == pytest.approx(8e-20, rel=1e-9, abs=0) and rulecheck.sidak(1.0, 8) == 1.0
+    assert np.isnan(rulecheck.sidak(float("nan"), 8))
     rows = [{"rule_label": label, "chi2_pvalue": p} for label, p in
             (("a", 0.3), ("b", 0.02), ("a", 0.01), ("b", 0.5), ("a", 0.9))]
     worst = {r["rule_label"]: r for r in rulecheck.worst_positions(rows)}

@@ -263,7 +263,7 @@ def test_project_falls_back_outside_the_kernels_domain():
 @pytest.mark.parametrize("M", [1, 9, 16, 33, 48])
 def test_project_on_cuda_in_bf16(fold, M):
     """33 rows: the default's widest (wide rows, the norm by norm_rows); 48 inside
-    gemv.max_rows(64)."""
+    gemv.max_rows(48)."""
     x, w, kw = _case(fold, M=M, K=4096, N=1000)
     x, w = x.cuda().bfloat16(), w.cuda().bfloat16()
     kw = {k: (v.cuda().bfloat16() if torch.is_tensor(v) else v) for k, v in kw.items()}
@@ -272,6 +272,42 @@ def test_project_on_cuda_in_bf16(fold, M):
         assert gemv.supported(x, w)
         got = gemv.project(x, w, eps=1e-5, **kw).float()
     assert (got - expected).abs().max() <= 0.02 * expected.abs().max()
+
+
+@pytest.mark.skipif(not CUDA, reason="every tile compiled once: a GPU's work; the interpreter runs fixed tiles above")
+@pytest.mark.parametrize("kernel", ["one-row", "rows"])
+def test_every_tile_on_cuda_in_bf16(kernel):
+    """Each tile configuration the autotuners choose among, launched once on the 8B shape's
+    width with the norm and residual folds: the CUDA tests tune over a few of them
+    (tests/conftest.py's few_tiles), the benchmarks over all. One row for the one-row kernel's
+    tiles; 9 rows for the rows kernel's, split K included, its counts left zero."""
+    M = 1 if kernel == "one-row" else 9
+    x, w, kw = _case("norm", M=M, K=4096, N=1000)
+    kw["residual"] = torch.randn(M, 1000, generator=torch.Generator().manual_seed(2)).to(DEVICE)
+    x, w = x.bfloat16(), w.bfloat16()
+    kw = {k: (v.bfloat16() if torch.is_tensor(v) else v) for k, v in kw.items()}
+    expected = gemv.reference(x, w, eps=1e-5, **kw).float()
+    N, K = w.shape
+    y = torch.empty(M, N, dtype=x.dtype, device=x.device)
+    folds = dict(NORM=True, GLU=False, RESIDUAL=True, PDL=False)
+    if kernel == "one-row":
+        configs = gemv._CONFIGS + gemv._PIPELINED_CONFIGS + gemv._WIDE_CONFIGS + gemv._PIPELINED_WIDE_CONFIGS
+    else:
+        configs = gemv._k_fits(gemv._ROWS_CONFIGS + gemv._SPLIT_CONFIGS, {"K": K})
+        counts = torch.zeros(triton.cdiv(N, 16), dtype=torch.int32, device=x.device)
+        parts = torch.empty(max(gemv.SPLITS) * M * N, dtype=torch.float32, device=x.device)
+    assert len(configs) == (20 if kernel == "one-row" else 22)
+    for c in configs:
+        y.fill_(float("nan"))
+        meta = dict(**c.kwargs, num_warps=c.num_warps, num_stages=c.num_stages)
+        grid = (triton.cdiv(N, c.kwargs["BLOCK_N"]), c.kwargs.get("SPLIT_K", 1))
+        if kernel == "one-row":
+            gemv._vector_kernel.fn[grid[:1]](x, w, y, kw["norm"], kw["residual"], N, K, 1e-5, **folds, **meta)
+        else:
+            gemv._rows_kernel.fn[grid](x, w, y, kw["norm"], kw["residual"], parts, counts, y, y, M, 16, N, K, 1e-5,
+                                       "tf32", **folds, NORM_SQUARES=0, SQUARES=False, BLOCK_M=16, **meta)
+            assert not counts.any(), c
+        assert (y.float() - expected).abs().max() <= 0.02 * expected.abs().max(), c
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
