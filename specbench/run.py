@@ -350,11 +350,16 @@ def run(cfg: DictConfig, row: dict) -> tuple[list, list]:
     divergence = [first_difference(r.tokens, ref) for r, ref in zip(records, baseline["tokens"])]
     # The synthetic control dictates acceptance: its text is not the target's by design.
     compared = spec is not None and params.greedy and not hasattr(drafter, "forced_acceptance")
+    # A run without a drafter is a baseline: its speedup is 1. Where the baseline came from the
+    # cache, baseline_tpot_ms / tpot_ms is the drift between the two runs, not a speedup.
+    speedup = None
+    if baseline["tpot_ms"] and row["tpot_ms"]:
+        speedup = 1.0 if spec is None else baseline["tpot_ms"] / row["tpot_ms"]
     row.update(
         num_prompts=len(prompts), device=device, dtype=str(next(model.parameters()).dtype), baseline=str(base_file.name),
         greedy_mismatches=sum(d is not None for d in divergence) if compared else None,
         first_divergence=divergence if compared else None,
-        speedup=baseline["tpot_ms"] / row["tpot_ms"] if baseline["tpot_ms"] and row["tpot_ms"] else None,
+        speedup=speedup,
         baseline_tpot_ms=baseline["tpot_ms"], baseline_throughput_tok_s=baseline.get("throughput_tok_s"),
         baseline_step_ms=baseline.get("verify_ms"), graph_captures=timed.graph_captures,
         baseline_graph_captures=baseline.get("graph_captures"), tpot_runs_ms=timed.tpot_runs_ms,

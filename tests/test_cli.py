@@ -204,6 +204,7 @@ def test_baseline_then_speculative_runs_on_a_local_checkpoint(tiny_checkpoint, t
     assert len(list((tmp_path / "baselines").glob("*.json"))) == 2
     rows = with_speedup(load_results(tmp_path)).set_index("run_id")
     assert rows.engine_options.tolist().count("") == 2 and rows.engine_options.tolist().count("cuda_graphs=false") == 1
+    (other_id,) = rows.index[rows.engine_options == "cuda_graphs=false"]
     assert rows.baseline_tpot_ms[speculative.run_id] == baseline.tpot_ms
     assert rows[rows.engine_options != ""].baseline_tpot_ms.isna().all()  # no baseline row with its setting
     # Other code is another baseline as well: a results folder outlives commits.
@@ -213,6 +214,14 @@ def test_baseline_then_speculative_runs_on_a_local_checkpoint(tiny_checkpoint, t
     assert len(list((tmp_path / "baselines").glob("*.json"))) == 3
     rows = with_speedup(load_results(tmp_path))
     assert rows[rows.git_sha == "a-later-commit"].baseline_tpot_ms.isna().all()
+    # A baseline run whose baseline a speculative run cached re-decodes: its speedup is 1, not
+    # the ratio of its TPOT to the cached one (that stays readable from baseline_tpot_ms).
+    late = cli(*tiny(tiny_checkpoint, tmp_path, "engine.cuda_graphs=false"))
+    assert late.returncode == 0, late.stderr
+    rows = load_results(tmp_path).set_index("run_id")
+    (late_id,) = rows.index[rows.drafter.isna() & (rows.engine_options == "cuda_graphs=false")]
+    assert rows.speedup[late_id] == 1.0 and rows.baseline_tpot_ms[late_id] == rows.baseline_tpot_ms[other_id]
+    assert len(list((tmp_path / "baselines").glob("*.json"))) == 3
 
 
 def test_sweep_records_a_failed_job_and_goes_on(tiny_checkpoint, tmp_path):
