@@ -132,6 +132,18 @@ def timer(device, reps: int):
     return measure
 
 
+def graphed(fn, device):
+    """fn captured in a CUDA graph (after one eager call) -> its replay; on the CPU fn itself."""
+    if device.type != "cuda":
+        return fn
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
 def same(a, b) -> bool:
     return all(torch.equal(x, y) for x, y in zip(a, b))
 
@@ -275,18 +287,8 @@ def bench_attention(B, q, S, device, measure, launch=None) -> dict:
     out = attention.decode(*args, **launch)
     err = float((out.float() - ref.float()).abs().max() / ref.float().abs().max())
 
-    def graphed(fn):
-        if device.type != "cuda":
-            return fn
-        fn()
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            fn()
-        return graph.replay
-
-    kernel_ms = measure(graphed(lambda: attention.decode(*args, **launch)))
-    torch_ms = measure(graphed(lambda: attention.reference(*args, mask=mask)))
+    kernel_ms = measure(graphed(lambda: attention.decode(*args, **launch), device))
+    torch_ms = measure(graphed(lambda: attention.reference(*args, mask=mask), device))
     size = qkv.element_size()
     floor = (2 * B * Hkv * S * hd + 2 * B * Hkv * q * hd + qkv.numel() + B * q * H * hd) * size
     return dict(kernel="attention", rule="decode", B=B, shape=f"q={q},S={S}", q=q, S=S, V=0, equal=err < 2e-2,
@@ -300,7 +302,8 @@ def bench_attention(B, q, S, device, measure, launch=None) -> dict:
 def bench_norm(M, K, device, measure, count=NORM_COUNT) -> dict:
     """`count` norms of x [M, K] (the 8B shape's forward: two a layer and the last) in one CUDA
     graph on the GPU, gemv.norm_rows (one launch each) against gemv.rms_norm (torch's 8); their
-    outputs compared to 1e-2 of the largest (equal) and bit for bit (same_fraction). The floor: x read and y written, gamma read, count times."""
+    outputs compared to 1e-2 of the largest (equal) and bit for bit (same_fraction). The floor:
+    x read and y written, gamma read, count times."""
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     g = torch.Generator(device).manual_seed(0)
     x = torch.randn(M, K, generator=g, device=device).to(dtype)
@@ -309,24 +312,18 @@ def bench_norm(M, K, device, measure, count=NORM_COUNT) -> dict:
     same = float((got == ref).float().mean())
     err = float((got.float() - ref.float()).abs().max() / ref.float().abs().max())
 
-    def graphed(norm):
+    def norms(norm):
         def run():
             for _ in range(count):
                 norm(x, gamma, 1e-5)
-        if device.type != "cuda":
-            return run
-        run()
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            run()
-        return graph.replay
+        return run
 
-    kernel_ms = measure(graphed(gemv.norm_rows))
-    torch_ms = measure(graphed(gemv.rms_norm))
+    kernel_ms = measure(graphed(norms(gemv.norm_rows), device))
+    torch_ms = measure(graphed(norms(gemv.rms_norm), device))
     floor = count * (2 * M * K + K) * x.element_size()
     return dict(kernel="norm", rule="rms_norm", B=M, shape=f"M={M},K={K},x{count}", q=M, S=0, V=0,
-                equal=err < 1e-2, max_rel_err=err, same_fraction=same, kernel_ms=kernel_ms, torch_ms=torch_ms, floor_bytes=floor)
+                equal=err < 1e-2, max_rel_err=err, same_fraction=same, kernel_ms=kernel_ms, torch_ms=torch_ms,
+                floor_bytes=floor)
 
 
 # --- the run ----------------------------------------------------------------------------------
