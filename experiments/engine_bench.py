@@ -350,7 +350,8 @@ def main(argv=None) -> int:
                             "a list of 16, 32, 64")
     max_splits = kernels_ints("--attention-max-splits", args.attention_max_splits, lambda v: v >= 1,
                               "a list of positive integers")
-    max_rows = kernels_ints("--b-max-rows", args.b_max_rows, lambda v: 16 <= v <= 64, "a list of 16 to 64")
+    max_rows = kernels_ints("--b-max-rows", args.b_max_rows, lambda v: gemv_mod.TILE_ROWS <= v <= gemv_mod.WIDE_ROWS,
+                            f"a list of {gemv_mod.TILE_ROWS} to {gemv_mod.WIDE_ROWS}")
     contexts = args.b_contexts.split(",")
     if not all(c.strip().isdigit() and int(c) > 0 for c in contexts):
         ap.error(f"--b-contexts={args.b_contexts}: a list of positive integers")
